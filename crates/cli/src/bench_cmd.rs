@@ -1,0 +1,111 @@
+//! `qwen-burn bench train|generate`: figures as one JSON object (or a readable line).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use qwen_burn_model::init::init_weights;
+use qwen_burn_model::{Qwen3ForCausalLM, device_from_name};
+use qwen_burn_train::RunConfig;
+use qwen_burn_train::bench::{bench_generate, bench_train};
+use qwen_burn_train::config::ModelSource;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Training steps on random tokens (forward, backward, clipping, AdamW).
+    Train {
+        /// Run config (model and batch shape are taken from it).
+        #[arg(long)]
+        config: PathBuf,
+        /// Override a config value (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        #[arg(long, default_value = "flex")]
+        device: String,
+        /// Timed steps.
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prompt processing and decoding with the KV cache (and without, with --no-cache-too).
+    Generate {
+        /// Run config whose [model] to build with random weights...
+        #[arg(long, conflicts_with = "model")]
+        config: Option<PathBuf>,
+        /// ...or a model directory / checkpoint.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long, default_value = "flex")]
+        device: String,
+        #[arg(long, default_value_t = 128)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 64)]
+        new_tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Also time decoding without the KV cache (recomputing the prefix every token).
+        #[arg(long)]
+        no_cache_too: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn print(value: &serde_json::Value, json: bool) {
+    if json {
+        println!("{value}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    }
+}
+
+pub fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Train {
+            config,
+            overrides,
+            device,
+            steps,
+            warmup,
+            json,
+        } => {
+            let run = RunConfig::load(&config, &overrides).with_context(|| format!("loading {}", config.display()))?;
+            let ModelSource::Scratch(model_config) = &run.model else {
+                bail!("bench train needs an inline [model] architecture, not `from`");
+            };
+            let dev = device_from_name(&device)?;
+            let result = bench_train(&run, model_config, &device, &dev, steps, warmup)?;
+            print(&result, json);
+        }
+        BenchCmd::Generate {
+            config,
+            model,
+            device,
+            prompt_len,
+            new_tokens,
+            repeats,
+            no_cache_too,
+            json,
+        } => {
+            let dev = device_from_name(&device)?;
+            let model = match (config, model) {
+                (Some(config), _) => {
+                    let run = RunConfig::load(&config, &[])?;
+                    let ModelSource::Scratch(c) = &run.model else {
+                        bail!("--config needs an inline [model]; use --model for checkpoints");
+                    };
+                    init_weights(Qwen3ForCausalLM::new(c, &dev), 0)
+                }
+                (None, Some(dir)) => qwen_burn_train::checkpoint::load_model_any(&dir, &dev)?,
+                (None, None) => bail!("give --config FILE or --model DIR"),
+            };
+            let result = bench_generate(&model, &device, &dev, prompt_len, new_tokens, repeats, no_cache_too)?;
+            print(&result, json);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! `qwen-burn`: train, generate, score, eval, tokenizer, data, export, plot, bench.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+mod bench_cmd;
+mod cmd_data;
+mod model_cmds;
+
+/// Train and run small Qwen3-style language models (dense and MoE) on Burn.
+#[derive(Parser, Debug)]
+#[command(name = "qwen-burn", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train (or fine-tune) from a TOML run config.
+    Train(TrainArgs),
+    /// Generate text with a model (greedy, temperature, top-k, top-p; KV cache).
+    Generate(model_cmds::GenerateArgs),
+    /// Mean next-token loss of token rows given as JSON.
+    Score(model_cmds::ScoreArgs),
+    /// Perplexity of a text file.
+    Eval(model_cmds::EvalArgs),
+    /// Write a checkpoint (LoRA merged) as an HF model directory.
+    Export(ExportArgs),
+    /// Plot loss and learning-rate curves of one or more runs as PNG.
+    Plot(PlotArgs),
+    /// Train or load tokenizers.
+    #[command(subcommand)]
+    Tokenizer(cmd_data::TokenizerCmd),
+    /// Prepare token shards.
+    #[command(subcommand)]
+    Data(cmd_data::DataCmd),
+    /// Benchmarks: training steps and generation speed.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCmd),
+}
+
+#[derive(clap::Args, Debug)]
+struct TrainArgs {
+    /// Run config (TOML).
+    #[arg(long)]
+    config: PathBuf,
+    /// Override a config value, e.g. `--set optimizer.lr=3e-4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Device: flex, ndarray, wgpu, cuda[:N] (default: training.device of the config).
+    #[arg(long)]
+    device: Option<String>,
+    /// Run directory (default: runs/<config file stem>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Total optimizer steps (overrides training.max_steps, and so the schedule length).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Continue from the newest good checkpoint in the run directory.
+    #[arg(long)]
+    resume: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct ExportArgs {
+    /// Checkpoint directory, run directory (newest checkpoint) or HF directory.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Output HF model directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Export an MoE model trained with aux-loss-free balancing by dropping its routing biases
+    /// (HF Qwen3-MoE has no such parameter, so routing in transformers will differ).
+    #[arg(long)]
+    drop_routing_bias: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct PlotArgs {
+    /// Run directories (several are overlaid).
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+    /// Output directory (default: RUN/plots for one run).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn train(args: TrainArgs) -> Result<()> {
+    let mut overrides = args.overrides.clone();
+    if let Some(steps) = args.max_steps {
+        overrides.push(format!("training.max_steps={steps}"));
+    }
+    let config = qwen_burn_train::RunConfig::load(&args.config, &overrides)
+        .with_context(|| format!("loading run config {}", args.config.display()))?;
+    let run_dir = args
+        .run_dir
+        .unwrap_or_else(|| qwen_burn_train::trainer::default_run_dir(&args.config));
+    let opts = qwen_burn_train::RunOptions {
+        device: args.device,
+        run_dir: run_dir.clone(),
+        resume: args.resume,
+    };
+    let summary = qwen_burn_train::train(&config, &opts)?;
+    println!(
+        "done: {} steps, val loss {}, {:.0} tokens/s, {:.1}s, checkpoint {}",
+        summary.step,
+        summary.val_loss.map_or("-".into(), |l| format!("{l:.4}")),
+        summary.tokens_per_sec,
+        summary.elapsed_secs,
+        summary.checkpoint.map_or("-".into(), |p| p.display().to_string())
+    );
+    Ok(())
+}
+
+fn export(args: ExportArgs) -> Result<()> {
+    let device = burn::tensor::Device::flex();
+    let mut model = qwen_burn_train::checkpoint::load_model_any(&args.checkpoint, &device)
+        .with_context(|| format!("loading {}", args.checkpoint.display()))?;
+    if args.drop_routing_bias {
+        model = model.without_routing_bias();
+    }
+    model
+        .save_pretrained(&args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    // Ship the tokenizer with the model when we can find it.
+    if let Some(tok) = [args.checkpoint.clone()]
+        .into_iter()
+        .chain(args.checkpoint.ancestors().skip(1).take(2).map(PathBuf::from))
+        .map(|d| d.join("tokenizer.json"))
+        .find(|p| p.is_file())
+    {
+        std::fs::copy(&tok, args.out.join("tokenizer.json")).context("copying tokenizer.json")?;
+    }
+    println!("exported {} to {}", args.checkpoint.display(), args.out.display());
+    Ok(())
+}
+
+fn plot(args: PlotArgs) -> Result<()> {
+    let out = match (&args.out, args.runs.as_slice()) {
+        (Some(o), _) => o.clone(),
+        (None, [one]) => one.join("plots"),
+        (None, _) => anyhow::bail!("several runs: give --out DIR"),
+    };
+    for path in qwen_burn_train::plot::plot_runs(&args.runs, &out)? {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Train(a) => train(a),
+        Command::Generate(a) => model_cmds::generate_cmd(a),
+        Command::Score(a) => model_cmds::score(a),
+        Command::Eval(a) => model_cmds::eval(a),
+        Command::Export(a) => export(a),
+        Command::Plot(a) => plot(a),
+        Command::Tokenizer(c) => cmd_data::run_tokenizer(c),
+        Command::Data(c) => cmd_data::run_data(c),
+        Command::Bench(c) => bench_cmd::run(c),
+    }
+}

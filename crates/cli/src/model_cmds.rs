@@ -1,0 +1,304 @@
+//! `score`, `eval`, `generate` and `export`: commands that run a trained or imported model.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use qwen_burn_data::tokenizer::Tok;
+use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor};
+use qwen_burn_model::{
+    Qwen3ForCausalLM, SamplingConfig, device_from_name, generate, load_balancing_loss,
+};
+use serde_json::json;
+
+use qwen_burn_train::checkpoint::load_model_any as load_any_model;
+
+/// Arguments shared by every command that loads a model.
+#[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    /// HF model directory (config.json + safetensors) or a qwen-burn checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Device: flex (default), ndarray, wgpu, cuda[:N].
+    #[arg(long, default_value = "flex")]
+    pub device: String,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<(Qwen3ForCausalLM, Device)> {
+        let device = device_from_name(&self.device)?;
+        let model = load_any_model(&self.model, &device)
+            .with_context(|| format!("loading model from {}", self.model.display()))?;
+        Ok((model, device))
+    }
+}
+
+/// Find a tokenizer: the flag, else `tokenizer.json` next to the model (or in its parent).
+pub fn find_tokenizer(model_dir: &Path, flag: Option<&Path>) -> Result<Option<Tok>> {
+    let candidates: Vec<PathBuf> = match flag {
+        Some(p) => vec![p.to_path_buf()],
+        None => [Some(model_dir), model_dir.parent(), model_dir.parent().and_then(Path::parent)]
+            .into_iter()
+            .flatten()
+            .map(|d| d.join("tokenizer.json"))
+            .collect(),
+    };
+    for path in candidates {
+        if path.exists() {
+            let tok = Tok::from_file(&path).with_context(|| format!("loading tokenizer {}", path.display()))?;
+            return Ok(Some(tok));
+        }
+    }
+    match flag {
+        Some(p) => bail!("tokenizer {} does not exist", p.display()),
+        None => Ok(None),
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// JSON file `{"input_ids": [[...], ...]}` with equal-length rows.
+    #[arg(long)]
+    pub tokens: PathBuf,
+}
+
+/// Read `{"input_ids": [[...]]}` and check it against the vocabulary.
+fn read_token_rows(path: &Path, vocab: usize) -> Result<(Vec<i64>, usize, usize)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let rows = value
+        .get("input_ids")
+        .and_then(|v| v.as_array())
+        .with_context(|| format!("{}: expected an object with an `input_ids` list of rows", path.display()))?;
+    if rows.is_empty() {
+        bail!("{}: `input_ids` is empty", path.display());
+    }
+    let mut flat = Vec::new();
+    let mut width = None;
+    for (r, row) in rows.iter().enumerate() {
+        let row = row
+            .as_array()
+            .with_context(|| format!("{}: input_ids[{r}] is not a list", path.display()))?;
+        match width {
+            None => width = Some(row.len()),
+            Some(w) if w != row.len() => bail!(
+                "{}: input_ids[{r}] has {} tokens but row 0 has {w}; rows must have equal length",
+                path.display(),
+                row.len()
+            ),
+            _ => {}
+        }
+        for (c, id) in row.iter().enumerate() {
+            let id = id
+                .as_u64()
+                .with_context(|| format!("{}: input_ids[{r}][{c}] is not a token id", path.display()))?;
+            if id as usize >= vocab {
+                bail!(
+                    "{}: input_ids[{r}][{c}] = {id} is out of range for vocab_size {vocab}",
+                    path.display()
+                );
+            }
+            flat.push(id as i64);
+        }
+    }
+    let t = width.unwrap_or(0);
+    if t < 2 {
+        bail!("{}: rows need at least 2 tokens to score a next-token prediction", path.display());
+    }
+    Ok((flat, rows.len(), t))
+}
+
+/// Mean next-token loss of a batch of rows, with the MoE aux loss for MoE models.
+pub fn score_rows(model: &Qwen3ForCausalLM, ids: Vec<i64>, b: usize, t: usize, device: &Device) -> Result<serde_json::Value> {
+    let targets = targets_tensor(shift_targets(&ids, b, t), b, t, device);
+    let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), device);
+    let out = model.forward(input, None, None);
+    let n = b * (t - 1);
+    let lm_loss = f64::from(cross_entropy_sum(out.logits, targets).into_scalar::<f32>()) / n as f64;
+    let mut result = json!({"loss": lm_loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
+    if let Some(moe) = &model.config.moe {
+        let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+        let aux = f64::from(load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, None).into_scalar::<f32>());
+        let loss = lm_loss + moe.router_aux_loss_coef * aux;
+        result["aux_loss"] = json!(aux);
+        result["router_aux_loss_coef"] = json!(moe.router_aux_loss_coef);
+        result["loss"] = json!(loss);
+    }
+    Ok(result)
+}
+
+pub fn score(args: ScoreArgs) -> Result<()> {
+    let (model, device) = args.model.load()?;
+    let (ids, b, t) = read_token_rows(&args.tokens, model.config.vocab_size)?;
+    let result = score_rows(&model, ids, b, t, &device)?;
+    println!("{result}");
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text file to measure perplexity on (.gz read transparently).
+    #[arg(long)]
+    pub text: PathBuf,
+    /// tokenizer.json (default: next to the model).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Window length (default: the model's max_position_embeddings, at most 1024).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Windows per forward pass.
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+}
+
+pub fn eval(args: EvalArgs) -> Result<()> {
+    let (model, device) = args.model.load()?;
+    let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?
+        .context("no tokenizer.json next to the model; pass --tokenizer")?;
+    let text = qwen_burn_data::ingest::read_text_file(&args.text)
+        .with_context(|| format!("reading {}", args.text.display()))?;
+    let ids = tok.encode(&text)?;
+    let context = args.context.unwrap_or(model.config.max_position_embeddings.min(1024));
+    if ids.len() < context + 1 {
+        bail!(
+            "{} has {} tokens, fewer than one window of {} (lower --context)",
+            args.text.display(),
+            ids.len(),
+            context + 1
+        );
+    }
+    // Non-overlapping windows of context+1 tokens; every window scores `context` predictions.
+    let windows: Vec<&[u32]> = ids.chunks_exact(context + 1).collect();
+    let mut total = 0.0f64;
+    let mut count = 0usize;
+    for group in windows.chunks(args.batch_size.max(1)) {
+        let b = group.len();
+        let flat: Vec<i64> = group.iter().flat_map(|w| w.iter().map(|&i| i64::from(i))).collect();
+        let r = score_rows(&model, flat, b, context + 1, &device)?;
+        let n = r["num_tokens"].as_u64().unwrap_or(0) as usize;
+        total += r["lm_loss"].as_f64().unwrap_or(f64::NAN) * n as f64;
+        count += n;
+        eprint!("\reval: {count} tokens scored");
+    }
+    eprintln!();
+    let loss = total / count as f64;
+    println!(
+        "{}",
+        json!({"loss": loss, "perplexity": loss.exp(), "tokens": count, "windows": windows.len(), "context": context})
+    );
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text (needs a tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// tokenizer.json (default: next to the model).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Do not stop at the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Recompute the whole prefix every step instead of using the KV cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
+    let (model, device) = args.model.load()?;
+    let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?;
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) => tok
+            .as_ref()
+            .context("--prompt needs a tokenizer: put tokenizer.json next to the model or pass --tokenizer")?
+            .encode(text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    let mut stop_tokens = model.config.eos_token_id.clone();
+    if stop_tokens.is_empty()
+        && let Some(eos) = tok.as_ref().and_then(Tok::eos_id)
+    {
+        stop_tokens.push(eos);
+    }
+    if args.ignore_eos {
+        stop_tokens.clear();
+    }
+    let cfg = SamplingConfig {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_tokens,
+        use_cache: !args.no_cache,
+    };
+    let stream = !args.json && tok.is_some();
+    if stream && let Some(text) = &args.prompt {
+        print!("{text}");
+    }
+    let mut shown = String::new();
+    let mut so_far = Vec::new();
+    let out = generate(&model, &prompt, &cfg, &device, |id| {
+        if stream && let Some(tok) = &tok {
+            so_far.push(id);
+            // Decode the whole continuation so multi-token characters print correctly.
+            if let Ok(text) = tok.decode(&so_far) {
+                if let Some(delta) = text.strip_prefix(shown.as_str()) {
+                    print!("{delta}");
+                    let _ = std::io::stdout().flush();
+                }
+                shown = text;
+            }
+        }
+    })?;
+    let n = out.new_token_ids.len();
+    let decode_tps = if n > 1 { (n - 1) as f64 / out.decode_secs } else { 0.0 };
+    if args.json {
+        let mut v = json!({
+            "prompt_ids": prompt,
+            "new_token_ids": out.new_token_ids,
+            "stopped_on_eos": out.stopped,
+            "prefill_secs": out.prefill_secs,
+            "decode_tokens_per_sec": decode_tps,
+        });
+        if let Some(tok) = &tok {
+            v["text"] = json!(tok.decode(&out.new_token_ids)?);
+        }
+        println!("{v}");
+    } else {
+        if !stream {
+            println!("{:?}", out.new_token_ids);
+        } else {
+            println!();
+        }
+        eprintln!("[{n} tokens, prefill {:.3}s, decode {:.1} tokens/s]", out.prefill_secs, decode_tps);
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! What the trainer consumes ([`Batch`]) and the samplers' serialisable state ([`Cursor`]),
+//! plus the seeded epoch order both samplers share.
+//!
+//! Randomness is counter-based so that a cursor is a handful of integers: the order of epoch
+//! `e` is a Fisher-Yates shuffle driven by ChaCha8 seeded with `seed` on stream `e`, and the
+//! windows of random-mode batch `k` come from stream `k`. Nothing depends on how many values
+//! an earlier batch drew.
+
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DataError, Result};
+
+/// Loss target of positions that are not trained on (padding, prompts): HF's `ignore_index`.
+pub const IGNORE_INDEX: i64 = -100;
+
+/// One training or evaluation batch, row-major, ready to become tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Rows (B).
+    pub batch_size: usize,
+    /// Positions per row (T).
+    pub seq_len: usize,
+    /// Input ids, `[B, T]`.
+    pub inputs: Vec<u32>,
+    /// `targets[b * T + t]` is the id that should follow `inputs[b * T + t]`, or
+    /// [`IGNORE_INDEX`]; `[B, T]`.
+    pub targets: Vec<i64>,
+    /// `[B, T]`, 1 = real token, 0 = padding; `None` when every position is real (packed
+    /// pretraining windows).
+    pub attention_mask: Option<Vec<u8>>,
+}
+
+impl Batch {
+    /// Positions whose target is not [`IGNORE_INDEX`].
+    pub fn num_target_tokens(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+    }
+}
+
+/// How window samplers pick windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleMode {
+    /// Independent uniformly random window starts (with replacement), as in nanoGPT.
+    Random,
+    /// Epochs over a seeded shuffle of non-overlapping windows, each epoch with its own
+    /// shuffle and its own random start offset.
+    Epochs,
+}
+
+impl std::fmt::Display for SampleMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SampleMode::Random => "random",
+            SampleMode::Epochs => "epochs",
+        })
+    }
+}
+
+/// A sampler's complete state, small and serialisable (JSON in checkpoints). Restoring it into
+/// a sampler built with the same data and shape continues exactly where it was taken.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// Sampling mode (SFT samplers are always `epochs`).
+    pub mode: SampleMode,
+    /// Seed of all the sampler's randomness.
+    pub seed: u64,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Positions per row.
+    pub seq_len: usize,
+    /// Items sampled from: window starts (random), windows per epoch (epochs) or SFT rows.
+    pub num_items: u64,
+    /// Current epoch (0 in random mode).
+    pub epoch: u64,
+    /// Items already taken from the current epoch (0 in random mode).
+    pub position: u64,
+    /// Batches produced so far.
+    pub step: u64,
+}
+
+impl Cursor {
+    /// Checks that `self` (a saved cursor) fits a sampler whose fresh cursor is `this`.
+    pub(crate) fn check_compatible(&self, this: &Cursor) -> Result<()> {
+        let fields: [(&'static str, String, String); 4] = [
+            ("mode", this.mode.to_string(), self.mode.to_string()),
+            (
+                "batch_size",
+                this.batch_size.to_string(),
+                self.batch_size.to_string(),
+            ),
+            (
+                "seq_len",
+                this.seq_len.to_string(),
+                self.seq_len.to_string(),
+            ),
+            (
+                "num_items (the data changed)",
+                this.num_items.to_string(),
+                self.num_items.to_string(),
+            ),
+        ];
+        for (field, expected, found) in fields {
+            if expected != found {
+                return Err(DataError::CursorMismatch {
+                    field,
+                    expected,
+                    found,
+                });
+            }
+        }
+        if self.mode == SampleMode::Epochs && self.position > self.num_items {
+            return Err(DataError::CursorMismatch {
+                field: "position",
+                expected: format!("at most {}", self.num_items),
+                found: self.position.to_string(),
+            });
+        }
+        if self.seed != this.seed {
+            tracing::info!(
+                "restored data cursor has seed {} (configured {}); continuing with the cursor's",
+                self.seed,
+                this.seed
+            );
+        }
+        Ok(())
+    }
+}
+
+/// ChaCha8 seeded with `seed`, positioned on `stream`.
+pub(crate) fn stream_rng(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+/// Uniform integer in `[0, n)` by 64x64->128 multiply (bias below n / 2^64, negligible), kept
+/// here rather than borrowed from `rand` so data order does not change with `rand` versions.
+pub(crate) fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    ((rng.next_u64() as u128 * n as u128) >> 64) as u64
+}
+
+/// Seeded per-epoch shuffle of `0..n` with a position inside the current epoch.
+#[derive(Clone, Debug)]
+pub(crate) struct EpochOrder {
+    pub(crate) seed: u64,
+    pub(crate) epoch: u64,
+    pub(crate) position: u64,
+    order: Vec<u32>,
+}
+
+impl EpochOrder {
+    /// Epoch 0, position 0. `n` must be in `1..=u32::MAX` (checked by the samplers).
+    pub(crate) fn new(n: usize, seed: u64) -> Self {
+        let mut e = EpochOrder {
+            seed,
+            epoch: 0,
+            position: 0,
+            order: (0..n as u32).collect(),
+        };
+        e.shuffle();
+        e
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.order.len() as u64
+    }
+
+    fn shuffle(&mut self) {
+        let n = self.order.len();
+        self.order
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as u32);
+        let mut rng = stream_rng(self.seed, self.epoch);
+        for i in (1..n).rev() {
+            let j = below(&mut rng, i as u64 + 1) as usize;
+            self.order.swap(i, j);
+        }
+    }
+
+    /// Moves to `(seed, epoch, position)`, reshuffling only if the epoch or seed changed.
+    pub(crate) fn seek(&mut self, seed: u64, epoch: u64, position: u64) {
+        if seed != self.seed || epoch != self.epoch {
+            self.seed = seed;
+            self.epoch = epoch;
+            self.shuffle();
+        }
+        self.position = position;
+    }
+
+    /// The next item, rolling over into a freshly shuffled epoch when one ends.
+    pub(crate) fn next_item(&mut self) -> usize {
+        if self.position == self.len() {
+            self.epoch += 1;
+            self.position = 0;
+            self.shuffle();
+        }
+        let item = self.order[self.position as usize] as usize;
+        self.position += 1;
+        item
+    }
+}
+
+/// Checks batch/sequence sizes shared by all samplers.
+pub(crate) fn check_shape(batch_size: usize, seq_len: usize) -> Result<()> {
+    if batch_size == 0 {
+        return Err(DataError::option("batch_size", "must be at least 1"));
+    }
+    if seq_len == 0 {
+        return Err(DataError::option("seq_len", "must be at least 1"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_order_is_a_permutation_that_changes_per_epoch() {
+        let mut o = EpochOrder::new(100, 7);
+        let e0: Vec<usize> = (0..100).map(|_| o.next_item()).collect();
+        let e1: Vec<usize> = (0..100).map(|_| o.next_item()).collect();
+        assert_eq!(o.epoch, 1);
+        let mut s0 = e0.clone();
+        s0.sort();
+        assert_eq!(s0, (0..100).collect::<Vec<_>>());
+        assert_ne!(e0, e1);
+        assert_ne!(e0, (0..100).collect::<Vec<_>>());
+        let mut again = EpochOrder::new(100, 7);
+        again.seek(7, 1, 0);
+        let e1b: Vec<usize> = (0..100).map(|_| again.next_item()).collect();
+        assert_eq!(e1, e1b);
+    }
+
+    #[test]
+    fn below_stays_in_range() {
+        let mut rng = stream_rng(1, 2);
+        assert!((0..10_000).all(|_| below(&mut rng, 7) < 7));
+    }
+}

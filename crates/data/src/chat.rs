@@ -1,0 +1,419 @@
+//! Chat supervised fine-tuning data: conversations rendered with the Qwen chat template, a loss
+//! mask on assistant tokens, and packed or padded rows.
+//!
+//! Input: JSONL (optionally `.gz`), one `{"messages": [{"role": ..., "content": ...}, ...]}` per
+//! line. Each message renders as `<|im_start|>{role}\n{content}<|im_end|>\n`.
+//!
+//! Tokenisation is per segment (header, content, `<|im_end|>`, `"\n"`), which is what the
+//! model sees at inference: the prompt ends with `<|im_start|>assistant\n` and the reply is
+//! generated after it. The loss mask is 1 on the assistant's content tokens and its closing
+//! `<|im_end|>` (so the model learns to stop), as HF TRL's `assistant_only_loss`; headers,
+//! the `"\n"` after `<|im_end|>` and all non-assistant turns are 0.
+//!
+//! Rows hold at most `seq_len + 1` tokens. A longer conversation is truncated (counted in
+//! [`SftStats::truncated`]); one with no assistant token left to predict is dropped. With
+//! `pack = false` each row is one conversation, right-padded; with `pack = true` whole
+//! conversations are appended to a row while they fit (first fit in file order), then padded.
+//! Packed conversations may attend to earlier ones in the same row (plain causal mask, as in
+//! most packing trainers); the attention mask only marks padding.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{Batch, Cursor, EpochOrder, IGNORE_INDEX, SampleMode, check_shape};
+use crate::error::{DataError, Result};
+use crate::ingest::{self, SourceFile};
+use crate::tokenizer::{IM_END, IM_START, Tok};
+
+/// One chat message.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, or any other role string.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message from string slices.
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+/// Renders messages with the Qwen chat template: `<|im_start|>{role}\n{content}<|im_end|>\n`
+/// per message, nothing else.
+pub fn render_chat(messages: &[Message]) -> String {
+    let mut s = String::new();
+    for m in messages {
+        s.push_str(IM_START);
+        s.push_str(&m.role);
+        s.push('\n');
+        s.push_str(&m.content);
+        s.push_str(IM_END);
+        s.push('\n');
+    }
+    s
+}
+
+/// Options of [`SftDataset::load`].
+#[derive(Clone, Debug)]
+pub struct ChatOptions {
+    /// Positions per row (T); rows hold at most T + 1 tokens.
+    pub seq_len: usize,
+    /// `true`: pack several conversations per row; `false`: one per row, right-padded.
+    pub pack: bool,
+    /// Prepended as a `system` message to conversations that do not start with one.
+    pub system_prompt: Option<String>,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions {
+            seq_len: 512,
+            pack: false,
+            system_prompt: None,
+        }
+    }
+}
+
+/// Token ids of one conversation with a per-token loss mask.
+pub fn tokenize_chat(tok: &Tok, messages: &[Message]) -> Result<(Vec<u32>, Vec<u8>)> {
+    let purpose = "by the Qwen chat template";
+    let im_end = tok.require_token(IM_END, purpose)?;
+    tok.require_token(IM_START, purpose)?;
+    let newline = tok.encode("\n")?;
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for m in messages {
+        let on = u8::from(m.role == "assistant");
+        let header = tok.encode(&format!("{IM_START}{}\n", m.role))?;
+        mask.resize(mask.len() + header.len(), 0);
+        ids.extend(header);
+        let content = tok.encode(&m.content)?;
+        mask.resize(mask.len() + content.len() + 1, on);
+        ids.extend(content);
+        ids.push(im_end);
+        mask.resize(mask.len() + newline.len(), 0);
+        ids.extend_from_slice(&newline);
+    }
+    Ok((ids, mask))
+}
+
+/// One row: at most `seq_len + 1` token ids and their loss mask.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SftRow {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// 1 where the token is a training target.
+    pub loss_mask: Vec<u8>,
+}
+
+/// What loading did to the conversations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SftStats {
+    /// Conversations read.
+    pub conversations: usize,
+    /// Conversations cut to `seq_len + 1` tokens.
+    pub truncated: usize,
+    /// Conversations dropped for having no assistant token to predict.
+    pub dropped: usize,
+    /// Tokens kept.
+    pub tokens: usize,
+    /// Tokens with loss mask 1.
+    pub target_tokens: usize,
+}
+
+/// Tokenised, masked rows ready for batching.
+#[derive(Clone, Debug)]
+pub struct SftDataset {
+    rows: Vec<SftRow>,
+    seq_len: usize,
+    pad_id: u32,
+    stats: SftStats,
+}
+
+impl SftDataset {
+    /// Reads conversations from a JSONL file and tokenises them (see the module docs).
+    pub fn load(path: &Path, tok: &Tok, opts: &ChatOptions) -> Result<Self> {
+        let src = SourceFile::from_path(path);
+        let raw = ingest::read_text(path, src.gz)?;
+        let mut conversations = Vec::new();
+        for (i, line) in raw.text.lines().enumerate() {
+            if !line.trim().is_empty() {
+                conversations.push(parse_messages(path, i + 1, line)?);
+            }
+        }
+        if conversations.is_empty() {
+            return Err(DataError::EmptyCorpus {
+                inputs: path.display().to_string(),
+                detail: "no conversations (expected one JSON object per line)".into(),
+            });
+        }
+        let ds = Self::from_conversations(&conversations, tok, opts)?;
+        if ds.rows.is_empty() {
+            return Err(DataError::EmptyCorpus {
+                inputs: path.display().to_string(),
+                detail: format!(
+                    "none of {} conversations has an assistant message to train on",
+                    conversations.len()
+                ),
+            });
+        }
+        tracing::info!(file = %path.display(), stats = ?ds.stats, rows = ds.rows.len(), "loaded SFT data");
+        Ok(ds)
+    }
+
+    /// Tokenises in-memory conversations (see the module docs).
+    pub fn from_conversations(
+        conversations: &[Vec<Message>],
+        tok: &Tok,
+        opts: &ChatOptions,
+    ) -> Result<Self> {
+        check_shape(1, opts.seq_len)?;
+        let max = opts.seq_len + 1;
+        let pad_id = tok.eos_id().unwrap_or(0);
+        let mut stats = SftStats {
+            conversations: conversations.len(),
+            ..SftStats::default()
+        };
+        let mut rows: Vec<SftRow> = Vec::new();
+        let mut open: Option<SftRow> = None;
+        for conv in conversations {
+            let mut messages = Vec::with_capacity(conv.len() + 1);
+            if let Some(sys) = &opts.system_prompt
+                && conv.first().is_none_or(|m| m.role != "system")
+            {
+                messages.push(Message::new("system", sys));
+            }
+            messages.extend_from_slice(conv);
+            let (mut ids, mut mask) = tokenize_chat(tok, &messages)?;
+            if ids.len() > max {
+                ids.truncate(max);
+                mask.truncate(max);
+                stats.truncated += 1;
+            }
+            // Position 0 is never a target.
+            if !mask.iter().skip(1).any(|&m| m == 1) {
+                stats.dropped += 1;
+                continue;
+            }
+            stats.tokens += ids.len();
+            stats.target_tokens += mask.iter().skip(1).filter(|&&m| m == 1).count();
+            let row = SftRow {
+                ids,
+                loss_mask: mask,
+            };
+            if !opts.pack {
+                rows.push(row);
+                continue;
+            }
+            match open.as_mut() {
+                Some(cur) if cur.ids.len() + row.ids.len() <= max => {
+                    cur.ids.extend(row.ids);
+                    cur.loss_mask.extend(row.loss_mask);
+                }
+                _ => rows.extend(open.replace(row)),
+            }
+        }
+        rows.extend(open);
+        Ok(SftDataset {
+            rows,
+            seq_len: opts.seq_len,
+            pad_id,
+            stats,
+        })
+    }
+
+    /// Number of rows (conversations when padding, packed rows when packing).
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The rows.
+    pub fn rows(&self) -> &[SftRow] {
+        &self.rows
+    }
+
+    /// Positions per row (T).
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// Id used for padding (`<|endoftext|>`, else 0); padded positions are masked anyway.
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    /// What loading did.
+    pub fn stats(&self) -> &SftStats {
+        &self.stats
+    }
+
+    /// A `[rows.len(), T]` batch of the given rows: inputs `ids[..L-1]` then padding, targets
+    /// the next id where its loss mask is 1 else [`IGNORE_INDEX`], attention mask 1 on real
+    /// inputs.
+    ///
+    /// # Panics
+    /// If a row index is out of range.
+    pub fn batch(&self, rows: &[usize]) -> Batch {
+        let t = self.seq_len;
+        let n = rows.len() * t;
+        let (mut inputs, mut targets, mut attn) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for &r in rows {
+            let row = &self.rows[r];
+            let real = row.ids.len().saturating_sub(1);
+            for p in 0..t {
+                if p < real {
+                    inputs.push(row.ids[p]);
+                    attn.push(1);
+                    targets.push(if row.loss_mask[p + 1] == 1 {
+                        row.ids[p + 1] as i64
+                    } else {
+                        IGNORE_INDEX
+                    });
+                } else {
+                    inputs.push(self.pad_id);
+                    attn.push(0);
+                    targets.push(IGNORE_INDEX);
+                }
+            }
+        }
+        Batch {
+            batch_size: rows.len(),
+            seq_len: t,
+            inputs,
+            targets,
+            attention_mask: Some(attn),
+        }
+    }
+}
+
+/// Parses one line into messages, naming the file and line on error.
+fn parse_messages(path: &Path, line_no: usize, line: &str) -> Result<Vec<Message>> {
+    let err = |message: String| DataError::Jsonl {
+        path: path.to_path_buf(),
+        line: line_no,
+        message,
+    };
+    let obj = ingest::jsonl_object(path, line_no, line)?;
+    let msgs = match obj.get("messages") {
+        Some(serde_json::Value::Array(a)) => a,
+        Some(other) => {
+            return Err(err(format!(
+                "field \"messages\" is {}, expected an array of {{\"role\", \"content\"}} objects",
+                ingest::json_type(other)
+            )));
+        }
+        None => {
+            return Err(err(
+                "missing field \"messages\" (expected {\"messages\": [{\"role\": ..., \
+                 \"content\": ...}, ...]})"
+                    .into(),
+            ));
+        }
+    };
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let field = |name: &str| match m.get(name) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(err(format!(
+                "messages[{i}].{name} is {}, expected a string",
+                ingest::json_type(other)
+            ))),
+            None => Err(err(format!("messages[{i}] has no string field \"{name}\""))),
+        };
+        out.push(Message {
+            role: field("role")?,
+            content: field("content")?,
+        });
+    }
+    Ok(out)
+}
+
+/// Seeded epoch shuffle over SFT rows, resumable through a [`Cursor`] (mode `epochs`).
+#[derive(Clone, Debug)]
+pub struct SftSampler {
+    batch_size: usize,
+    seq_len: usize,
+    step: u64,
+    order: EpochOrder,
+}
+
+impl SftSampler {
+    /// A sampler over `num_rows` rows of `seq_len` positions.
+    pub fn new(num_rows: usize, batch_size: usize, seq_len: usize, seed: u64) -> Result<Self> {
+        check_shape(batch_size, seq_len)?;
+        if num_rows == 0 || num_rows > u32::MAX as usize {
+            return Err(DataError::option(
+                "SFT dataset",
+                format!("{num_rows} rows; need between 1 and 2^32"),
+            ));
+        }
+        Ok(SftSampler {
+            batch_size,
+            seq_len,
+            step: 0,
+            order: EpochOrder::new(num_rows, seed),
+        })
+    }
+
+    /// A sampler over all rows of `dataset`.
+    pub fn for_dataset(dataset: &SftDataset, batch_size: usize, seed: u64) -> Result<Self> {
+        Self::new(dataset.len(), batch_size, dataset.seq_len(), seed)
+    }
+
+    /// The state after the batches produced so far.
+    pub fn cursor(&self) -> Cursor {
+        Cursor {
+            mode: SampleMode::Epochs,
+            seed: self.order.seed,
+            batch_size: self.batch_size,
+            seq_len: self.seq_len,
+            num_items: self.order.len(),
+            epoch: self.order.epoch,
+            position: self.order.position,
+            step: self.step,
+        }
+    }
+
+    /// Continues from a saved cursor (same checks as [`crate::WindowSampler::restore`]).
+    pub fn restore(&mut self, c: &Cursor) -> Result<()> {
+        c.check_compatible(&self.cursor())?;
+        self.step = c.step;
+        self.order.seek(c.seed, c.epoch, c.position);
+        Ok(())
+    }
+
+    /// The next batch; it continues into the next epoch when the current one runs out.
+    ///
+    /// # Panics
+    /// If `dataset` has fewer rows or another `seq_len` than this sampler was built for.
+    pub fn next_batch(&mut self, dataset: &SftDataset) -> Batch {
+        assert!(
+            dataset.len() as u64 == self.order.len() && dataset.seq_len() == self.seq_len,
+            "SFT sampler built for {} rows of {} used with {} rows of {}",
+            self.order.len(),
+            self.seq_len,
+            dataset.len(),
+            dataset.seq_len()
+        );
+        let rows: Vec<usize> = (0..self.batch_size)
+            .map(|_| self.order.next_item())
+            .collect();
+        self.step += 1;
+        dataset.batch(&rows)
+    }
+}

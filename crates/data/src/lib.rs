@@ -1,0 +1,37 @@
+//! Data for qwen-burn: tokenizers, corpus ingestion into packed token shards, resumable
+//! batching with background prefetch, and chat SFT data.
+//!
+//! Reading order:
+//! - [`error`]: [`DataError`] and [`Result`].
+//! - [`tokenizer`]: [`Tok`] (any HF `tokenizer.json`) and [`train_bpe`] (byte-level BPE).
+//! - [`ingest`]: which files are read and how they become documents.
+//! - [`shards`]: the shard format, [`ShardMeta`] and the memory-mapped [`TokenStore`].
+//! - [`prepare`](mod@prepare): parallel, idempotent tokenisation into shards.
+//! - [`batch`]: [`Batch`] and the serialisable [`Cursor`].
+//! - [`sampler`]: [`WindowSampler`] (random or epoch windows) and [`eval_batches`].
+//! - [`prefetch`]: [`Prefetcher`], batches built on a background thread.
+//! - [`chat`]: Qwen chat template, assistant-only loss mask, [`SftDataset`], [`SftSampler`].
+//!
+//! This crate depends on no other workspace crate and not on burn: batches are plain
+//! row-major vectors that the trainer turns into tensors.
+
+pub mod batch;
+pub mod chat;
+pub mod error;
+pub mod ingest;
+pub mod prefetch;
+pub mod prepare;
+pub mod sampler;
+pub mod shards;
+pub mod tokenizer;
+
+pub use batch::{Batch, Cursor, IGNORE_INDEX, SampleMode};
+pub use chat::{
+    ChatOptions, Message, SftDataset, SftRow, SftSampler, SftStats, render_chat, tokenize_chat,
+};
+pub use error::{DataError, Result};
+pub use prefetch::{PrefetchStats, Prefetcher};
+pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};
+pub use sampler::{WindowSampler, eval_batches};
+pub use shards::{ShardFile, ShardMeta, SourceMeta, Split, SplitMeta, TokenStore};
+pub use tokenizer::{Tok, TrainBpeOptions, default_special_tokens, train_bpe};

@@ -1,0 +1,34 @@
+//! Qwen3 and Qwen3-MoE in Burn, with the semantics of HF transformers.
+//!
+//! Files in reading order: [`config`] (HF `config.json`), [`rms_norm`], [`rope`] (rotate-half
+//! RoPE and its scalings), [`attention`] (GQA with QK-norm), [`mlp`] (SwiGLU), [`moe`] (sparse
+//! experts and router losses), [`block`], [`model`], [`kv_cache`], [`loss`], [`weights`] (HF
+//! safetensors import/export), [`init`], [`generate`], [`device`].
+//!
+//! One model code runs on every Burn backend: the device is a run-time value
+//! ([`device::device_from_name`]).
+
+pub mod attention;
+pub mod block;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod init;
+pub mod kv_cache;
+pub mod loss;
+pub mod mlp;
+pub mod model;
+pub mod moe;
+pub mod rms_norm;
+pub mod rope;
+pub mod weights;
+
+pub use config::{ModelType, MoeConfig, Qwen3Config, RopeScaling};
+pub use device::device_from_name;
+pub use error::{ModelError, Result};
+pub use generate::{Generation, SamplingConfig, generate};
+pub use kv_cache::KvCache;
+pub use model::{ModelOutput, Qwen3ForCausalLM};
+pub use moe::{RouterOutput, RouterStats, load_balancing_loss, router_z_loss};
+pub use weights::SafetensorsCheckpoint;

@@ -1,0 +1,173 @@
+//! The full causal LM: embeddings, decoder stack, final norm, LM head.
+
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear};
+use burn::tensor::{Bool, Device, Int, Tensor};
+
+use crate::block::DecoderLayer;
+use crate::config::Qwen3Config;
+use crate::kv_cache::KvCache;
+use crate::mlp::linear;
+use crate::moe::RouterOutput;
+use crate::rms_norm::RmsNorm;
+use crate::rope::{RopeTables, rope_frequencies};
+
+/// `Qwen3Model`: everything below the LM head. Paths match the HF `model.*` keys.
+#[derive(Module, Debug)]
+pub struct Qwen3Model {
+    /// `[vocab, hidden]`.
+    pub embed_tokens: Embedding,
+    /// Decoder layers.
+    pub layers: Vec<DecoderLayer>,
+    /// Final RMSNorm.
+    pub norm: RmsNorm,
+}
+
+/// `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`.
+#[derive(Module, Debug)]
+pub struct Qwen3ForCausalLM {
+    /// The decoder.
+    pub model: Qwen3Model,
+    /// `[hidden, vocab]`; `None` when the embeddings are tied.
+    pub lm_head: Option<Linear>,
+    /// The architecture this module was built from.
+    #[module(skip)]
+    pub config: Qwen3Config,
+}
+
+/// Output of a forward pass.
+#[derive(Debug, Clone)]
+pub struct ModelOutput {
+    /// `[b, t, vocab]` next-token logits.
+    pub logits: Tensor<3>,
+    /// One entry per MoE layer, in layer order (empty for dense models).
+    pub routers: Vec<RouterOutput>,
+}
+
+impl Qwen3ForCausalLM {
+    /// A freshly initialised model (HF init: normal(0, initializer_range), norms at one).
+    /// Initial values come from the device's RNG; use [`crate::init::init_weights`] for values
+    /// that are identical on every device.
+    pub fn new(config: &Qwen3Config, device: &Device) -> Self {
+        let c = config;
+        let embed_tokens = EmbeddingConfig::new(c.vocab_size, c.hidden_size)
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: c.initializer_range,
+            })
+            .init(device);
+        Self {
+            model: Qwen3Model {
+                embed_tokens,
+                layers: (0..c.num_hidden_layers).map(|i| DecoderLayer::new(c, i, device)).collect(),
+                norm: RmsNorm::new(c.hidden_size, c.rms_norm_eps, device),
+            },
+            lm_head: (!c.tie_word_embeddings)
+                .then(|| linear(c.hidden_size, c.vocab_size, false, c.initializer_range, device)),
+            config: c.clone(),
+        }
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &Qwen3Config {
+        &self.config
+    }
+
+    /// Full forward: logits for every position.
+    ///
+    /// `attention_mask` is `[b, s]` over the cached prefix plus the new tokens, `true` for real
+    /// tokens and `false` for padding (HF's 1/0 mask); `None` means no padding.
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[b, t]` -> logits `[b, t, vocab]`
+    pub fn forward(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Option<Tensor<2, Bool>>,
+        cache: Option<&mut KvCache>,
+    ) -> ModelOutput {
+        let (hidden, routers) = self.forward_hidden(input_ids, attention_mask, cache);
+        ModelOutput {
+            logits: self.lm_head(hidden),
+            routers,
+        }
+    }
+
+    /// Forward up to the final norm (the LM head is applied separately so generation can
+    /// project only the last position).
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[b, t]` -> hidden `[b, t, hidden]`
+    pub fn forward_hidden(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Option<Tensor<2, Bool>>,
+        mut cache: Option<&mut KvCache>,
+    ) -> (Tensor<3>, Vec<RouterOutput>) {
+        let [_, t] = input_ids.dims();
+        let device = input_ids.device();
+        let past = cache.as_ref().map_or(0, |c| c.seq_len);
+
+        // 1. RoPE tables for positions past..past+t, shared by all layers.
+        let rope_len = match cache.as_mut() {
+            Some(c) => {
+                c.rope_seq_len = c.rope_seq_len.max(past + t);
+                c.rope_seq_len
+            }
+            None => past + t,
+        };
+        let rope = RopeTables::new(&rope_frequencies(&self.config, rope_len), past, t, &device);
+
+        // 2. Causal + padding mask, only needed when some keys are padding.
+        let mask = attention_mask.map(|m| causal_padding_mask(m, t));
+
+        // 3. Embed and run the stack.
+        let mut x = self.model.embed_tokens.forward(input_ids);
+        let mut routers = Vec::new();
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
+            let (y, router) = layer.forward(x, &rope, mask.as_ref(), layer_cache);
+            x = y;
+            routers.extend(router);
+        }
+        if let Some(c) = cache {
+            c.seq_len = past + t;
+        }
+        (self.model.norm.forward(x), routers)
+    }
+
+    /// Project hidden states to vocabulary logits (tied: `h @ embed_tokens^T`).
+    ///
+    /// # Shapes
+    /// - `hidden`: `[b, t, hidden]` -> `[b, t, vocab]`
+    pub fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => {
+                let w = self.model.embed_tokens.weight.val(); // [vocab, hidden]
+                hidden.matmul(w.transpose().unsqueeze::<3>())
+            }
+        }
+    }
+
+    /// An empty KV cache sized for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.config.num_hidden_layers)
+    }
+}
+
+/// `true` where query `i` (the last `t` of `s` positions) must not see key `j`: keys in the
+/// future, or padding keys.
+///
+/// # Shapes
+/// - `attention_mask`: `[b, s]` (true = real token) -> `[b, 1, t, s]`
+fn causal_padding_mask(attention_mask: Tensor<2, Bool>, t: usize) -> Tensor<4, Bool> {
+    let [b, s] = attention_mask.dims();
+    let device = attention_mask.device();
+    let past = (s - t) as i64;
+    let rows = Tensor::<1, Int>::arange(past..past + t as i64, &device).reshape([t, 1]);
+    let cols = Tensor::<1, Int>::arange(0..s as i64, &device).reshape([1, s]);
+    let future = cols.expand([t, s]).greater(rows.expand([t, s])); // [t, s]
+    let padding = attention_mask.bool_not().reshape([b, 1, 1, s]).expand([b, 1, t, s]);
+    future.reshape([1, 1, t, s]).expand([b, 1, t, s]).bool_or(padding)
+}

@@ -1,0 +1,155 @@
+//! Benchmarks that print figures (never assert on time): training steps on random tokens and
+//! generation with and without the KV cache.
+
+use std::time::Instant;
+
+use burn::tensor::Device;
+use qwen_burn_data::Batch;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+
+use crate::config::RunConfig;
+use crate::error::Result;
+use crate::metrics::{default_peak_tflops, train_flops_per_token};
+use crate::optim::{build_optimizer, clip_global_norm};
+use crate::schedule::learning_rate;
+use crate::trainer::forward_backward;
+
+/// Peak resident set size of this process in MB (Linux `VmHWM`; 0 elsewhere).
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn random_batch(rng: &mut ChaCha8Rng, b: usize, t: usize, vocab: usize) -> Batch {
+    let inputs: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vocab as u32)).collect();
+    let targets = (0..b * t).map(|_| i64::from(rng.random_range(0..vocab as u32))).collect();
+    Batch {
+        batch_size: b,
+        seq_len: t,
+        inputs,
+        targets,
+        attention_mask: None,
+    }
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}
+
+/// Time `steps` full training steps (forward, backward, clipping, AdamW) after `warmup` ones.
+pub fn bench_train(config: &RunConfig, model_config: &Qwen3Config, device_name: &str, device: &Device, steps: usize, warmup: usize) -> Result<Value> {
+    let t = &config.training;
+    let device = device.clone().autodiff();
+    let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
+    let mut optimizer = build_optimizer(&model, &config.optimizer);
+    let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
+    let mut times = Vec::with_capacity(steps);
+    let mut losses = Vec::new();
+    for i in 0..warmup + steps {
+        let batches: Vec<Batch> = (0..t.grad_accum)
+            .map(|_| random_batch(&mut rng, t.batch_size, t.seq_len, model_config.vocab_size))
+            .collect();
+        let start = Instant::now();
+        let (mut grads, stats) = forward_backward(&model, &batches, &device)?;
+        clip_global_norm(&model, &mut grads, config.optimizer.grad_clip)?;
+        let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
+        model = optimizer.step(lr, model, grads);
+        device.sync().ok();
+        let secs = start.elapsed().as_secs_f64();
+        if i >= warmup {
+            times.push(secs);
+            losses.push(stats.loss);
+        }
+    }
+    let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;
+    let step_median = median(&mut times.clone());
+    let tps = tokens / step_median;
+    let peak = config.logging.peak_tflops.unwrap_or_else(|| default_peak_tflops(device_name)) * 1e12;
+    let flops = train_flops_per_token(model_config, t.seq_len);
+    Ok(json!({
+        "bench": "train",
+        "device": device_name,
+        "model_type": model_config.model_type.as_str(),
+        "params": model_config.num_params(),
+        "active_params_per_token": model_config.active_params_per_token(),
+        "tokens_per_step": tokens,
+        "steps": steps,
+        "warmup": warmup,
+        "step_ms_median": step_median * 1e3,
+        "step_ms_min": times.iter().copied().fold(f64::MAX, f64::min) * 1e3,
+        "tokens_per_sec": tps,
+        "train_flops_per_token": flops,
+        "achieved_tflops": tps * flops / 1e12,
+        "peak_tflops": peak / 1e12,
+        "mfu": tps * flops / peak,
+        "peak_rss_mb": peak_rss_mb(),
+        "final_loss": losses.last().copied().unwrap_or(f64::NAN),
+    }))
+}
+
+/// Prompt processing and decoding speed, with the KV cache and (optionally) without it.
+pub fn bench_generate(
+    model: &Qwen3ForCausalLM,
+    device_name: &str,
+    device: &Device,
+    prompt_len: usize,
+    new_tokens: usize,
+    repeats: usize,
+    with_no_cache: bool,
+) -> Result<Value> {
+    let vocab = model.config.vocab_size as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.random_range(0..vocab)).collect();
+    let run = |use_cache: bool| -> Result<(f64, f64)> {
+        let cfg = SamplingConfig {
+            max_new_tokens: new_tokens,
+            use_cache,
+            ..SamplingConfig::default()
+        };
+        let mut prefill = Vec::new();
+        let mut decode = Vec::new();
+        for _ in 0..repeats.max(1) + 1 {
+            let out = generate(model, &prompt, &cfg, device, |_| {})?;
+            prefill.push(prompt_len as f64 / out.prefill_secs);
+            decode.push((out.new_token_ids.len() - 1) as f64 / out.decode_secs);
+        }
+        // The first repetition warms up allocators (and compiles kernels on GPUs).
+        Ok((median(&mut prefill[1..].to_vec()), median(&mut decode[1..].to_vec())))
+    };
+    let (prefill_tps, decode_tps) = run(true)?;
+    let mut result = json!({
+        "bench": "generate",
+        "device": device_name,
+        "params": model.config.num_params(),
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "prompt_tokens_per_sec": prefill_tps,
+        "decode_tokens_per_sec": decode_tps,
+        "tokens_per_sec": decode_tps,
+    });
+    if with_no_cache {
+        let (_, no_cache_tps) = run(false)?;
+        result["decode_tokens_per_sec_no_cache"] = json!(no_cache_tps);
+        result["kv_cache_speedup"] = json!(decode_tps / no_cache_tps);
+    }
+    result["peak_rss_mb"] = json!(peak_rss_mb());
+    Ok(result)
+}

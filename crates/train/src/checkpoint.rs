@@ -1,0 +1,249 @@
+//! Step checkpoints: the whole run state, written atomically.
+//!
+//! A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding `model.bpk` (Burn
+//! record: every parameter with its id, LoRA adapters and MoE routing biases included),
+//! `optimizer.bpk` (AdamW moments, keyed by parameter id), `config.json` (HF model config),
+//! `run.toml` (the resolved run config) and `state.json` (step, tokens seen, data cursor, seed,
+//! validation loss, git revision). It is written under `step-XXXXXXXX.tmp/`, every file is
+//! fsynced, `state.json` last, and only then renamed into place: a kill at any moment leaves
+//! either the old set of checkpoints or the old set plus a complete new one, never a torn one.
+//! Directories still ending in `.tmp` are leftovers of a crash and are ignored and removed.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Lora, Module, ParamGroup};
+use burn::optim::ModuleOptimizer;
+use burn::store::ModuleRecord;
+use burn::tensor::Device;
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
+use serde::{Deserialize, Serialize};
+
+use crate::config::LoraConfig;
+use crate::error::{Result, TrainError};
+
+/// Bump when the layout changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Everything besides tensors that a resumed run needs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrainState {
+    /// Checkpoint layout version.
+    pub format_version: u32,
+    /// Optimizer steps completed.
+    pub step: usize,
+    /// Training tokens consumed (inputs, padding included).
+    pub tokens_seen: u64,
+    /// Data sampler cursor after the last consumed batch.
+    pub data_cursor: serde_json::Value,
+    /// Seed of init and data order.
+    pub seed: u64,
+    /// Validation loss at this step, if one was measured.
+    pub val_loss: Option<f64>,
+    /// Training wall time so far, seconds.
+    pub elapsed_secs: f64,
+    /// `git rev-parse HEAD` of the code that wrote it ("unknown" outside a repository).
+    pub git_revision: String,
+    /// LoRA adapters present in `model.bpk`.
+    pub lora: Option<LoraConfig>,
+}
+
+fn step_dir_name(step: usize) -> String {
+    format!("step-{step:08}")
+}
+
+/// Complete checkpoints of a run, oldest first.
+pub fn list_checkpoints(run_dir: &Path) -> Vec<(usize, PathBuf)> {
+    let dir = run_dir.join("checkpoints");
+    let mut found: Vec<(usize, PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
+            let path = entry.path();
+            path.join("state.json").is_file().then_some((step, path))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The newest complete checkpoint of a run.
+pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
+    list_checkpoints(run_dir).pop().map(|(_, p)| p)
+}
+
+/// Remove `*.tmp` leftovers of an interrupted checkpoint write.
+pub fn remove_partial_checkpoints(run_dir: &Path) {
+    let dir = run_dir.join("checkpoints");
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".tmp") {
+            tracing::warn!("removing incomplete checkpoint {}", entry.path().display());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn fsync(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TrainError::io("sync", path, e))
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|e| TrainError::io("write", path, e))?;
+    fsync(path)
+}
+
+/// Test hook: abort the process half-way through writing checkpoint `step`
+/// (`QWEN_BURN_ABORT_IN_CHECKPOINT=step`), to prove a kill never tears the latest checkpoint.
+fn maybe_abort_in_checkpoint(step: usize) {
+    if std::env::var("QWEN_BURN_ABORT_IN_CHECKPOINT").ok().and_then(|v| v.parse().ok()) == Some(step) {
+        eprintln!("QWEN_BURN_ABORT_IN_CHECKPOINT: aborting while writing checkpoint {step}");
+        std::process::abort();
+    }
+}
+
+/// Write a checkpoint atomically and return its directory.
+pub fn save_checkpoint(
+    run_dir: &Path,
+    state: &TrainState,
+    model: &Qwen3ForCausalLM,
+    optimizer: &ModuleOptimizer,
+    run_toml: &str,
+) -> Result<PathBuf> {
+    let parent = run_dir.join("checkpoints");
+    std::fs::create_dir_all(&parent).map_err(|e| TrainError::io("create directory", &parent, e))?;
+    let name = step_dir_name(state.step);
+    let tmp = parent.join(format!("{name}.tmp"));
+    let final_dir = parent.join(&name);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io("remove", &tmp, e))?;
+    }
+    std::fs::create_dir(&tmp).map_err(|e| TrainError::io("create directory", &tmp, e))?;
+
+    let model_path = tmp.join("model.bpk");
+    model
+        .clone()
+        .into_record()
+        .save(&model_path)
+        .map_err(|e| TrainError::Checkpoint {
+            path: model_path.clone(),
+            reason: e.to_string(),
+        })?;
+    fsync(&model_path)?;
+    maybe_abort_in_checkpoint(state.step);
+    let optim_path = tmp.join("optimizer.bpk");
+    optimizer.save(&optim_path).map_err(|e| TrainError::Checkpoint {
+        path: optim_path.clone(),
+        reason: e.to_string(),
+    })?;
+    fsync(&optim_path)?;
+    let config = serde_json::to_string_pretty(&model.config.to_hf_json()).expect("config serialises");
+    write_file(&tmp.join("config.json"), config.as_bytes())?;
+    write_file(&tmp.join("run.toml"), run_toml.as_bytes())?;
+    let state_json = serde_json::to_string_pretty(state).expect("state serialises");
+    write_file(&tmp.join("state.json"), state_json.as_bytes())?;
+    fsync(&tmp)?;
+
+    if final_dir.exists() {
+        // Re-saving a step (e.g. the final step after a resume that had nothing left to do).
+        std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io("remove", &final_dir, e))?;
+    }
+    std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io("rename", &tmp, e))?;
+    fsync(&parent)?;
+    Ok(final_dir)
+}
+
+/// Keep the newest `keep_last` checkpoints and, with `keep_best`, the one with the lowest
+/// validation loss; delete the rest.
+pub fn apply_retention(run_dir: &Path, keep_last: usize, keep_best: bool) -> Result<()> {
+    let all = list_checkpoints(run_dir);
+    let best = if keep_best {
+        all.iter()
+            .filter_map(|(step, path)| load_state(path).ok()?.val_loss.map(|l| (l, *step)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, step)| step)
+    } else {
+        None
+    };
+    let cutoff = all.len().saturating_sub(keep_last);
+    for (i, (step, path)) in all.iter().enumerate() {
+        if i < cutoff && Some(*step) != best {
+            std::fs::remove_dir_all(path).map_err(|e| TrainError::io("remove", path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Read `state.json` of a checkpoint.
+pub fn load_state(dir: &Path) -> Result<TrainState> {
+    let path = dir.join("state.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io("read", &path, e))?;
+    let state: TrainState = serde_json::from_str(&text).map_err(|e| TrainError::Checkpoint {
+        path: dir.to_path_buf(),
+        reason: format!("state.json: {e}"),
+    })?;
+    if state.format_version != FORMAT_VERSION {
+        return Err(TrainError::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "format version {} is not supported (expected {FORMAT_VERSION})",
+                state.format_version
+            ),
+        });
+    }
+    Ok(state)
+}
+
+/// The parameter group LoRA adapts: the 2-D weights of the named projections.
+pub fn lora_group(lora: &LoraConfig) -> ParamGroup {
+    let pattern = format!(r"\.({})\.weight$", lora.targets.join("|"));
+    ParamGroup::from_regex(pattern).expect("projection names form a valid regex")
+}
+
+/// Attach LoRA adapters to `model`.
+pub fn apply_lora(model: Qwen3ForCausalLM, lora: &LoraConfig) -> Qwen3ForCausalLM {
+    model.apply_lora(Lora::new(lora.rank, lora.alpha).set_param_group(lora_group(lora)))
+}
+
+/// Rebuild the model of a checkpoint on `device`.
+pub fn load_checkpoint_model(dir: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
+    let state = load_state(dir)?;
+    let config = Qwen3Config::from_file(&dir.join("config.json"))?;
+    let mut model = Qwen3ForCausalLM::new(&config, device);
+    if let Some(lora) = &state.lora {
+        model = apply_lora(model, lora);
+    }
+    let path = dir.join("model.bpk");
+    let record = ModuleRecord::load(&path).map_err(|e| TrainError::Checkpoint {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    model.try_load_record(record).map_err(|e| TrainError::Checkpoint {
+        path,
+        reason: e.to_string(),
+    })
+}
+
+/// Load a model for inference from an HF directory, a checkpoint directory, or a run directory
+/// (its newest checkpoint). LoRA adapters are merged.
+pub fn load_model_any(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
+    let model = if path.join("state.json").is_file() {
+        load_checkpoint_model(path, device)?
+    } else if path.join("config.json").is_file() {
+        Qwen3ForCausalLM::from_pretrained(path, device)?
+    } else if let Some(latest) = latest_checkpoint(path) {
+        load_checkpoint_model(&latest, device)?
+    } else {
+        return Err(TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: "neither an HF model directory (config.json), a checkpoint (state.json) nor a run \
+                     directory with checkpoints"
+                .into(),
+        });
+    };
+    Ok(model.valid().materialize())
+}

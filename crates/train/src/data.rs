@@ -1,0 +1,161 @@
+//! Glue between the run config and the data crate: prepared shards (tokenised once, cached),
+//! the resumable sampler behind a background prefetcher, fixed validation batches.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use qwen_burn_data::{
+    Batch, ChatOptions, Cursor, Prefetcher, PrepareOptions, SampleMode, SftDataset, SftSampler, Split, Tok,
+    TokenStore, WindowSampler, eval_batches, prepare,
+};
+use sha2::{Digest, Sha256};
+
+use crate::config::RunConfig;
+use crate::error::{Result, TrainError};
+
+/// Training batches (prefetched) and validation batches of a run.
+pub struct DataPipeline {
+    prefetcher: Prefetcher,
+    val: Vec<Batch>,
+    tok: Tok,
+    tok_path: PathBuf,
+}
+
+/// Default shard cache of a config: `.cache/shards/<hash>`, keyed by everything that changes
+/// the shards, so different corpora never overwrite each other and unchanged ones are reused.
+fn default_cache_dir(config: &RunConfig, tok: &Tok) -> PathBuf {
+    let d = &config.data;
+    let mut h = Sha256::new();
+    for input in &d.inputs {
+        h.update(input.to_string_lossy().as_bytes());
+        h.update([0]);
+    }
+    h.update(tok.hash().as_bytes());
+    h.update(d.val_fraction.to_le_bytes());
+    h.update(d.text_field.as_bytes());
+    let digest = hex::encode(h.finalize());
+    PathBuf::from(".cache/shards").join(&digest[..16])
+}
+
+fn restore_cursor(value: &serde_json::Value) -> Result<Cursor> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| TrainError::Other(format!("checkpoint data cursor is malformed: {e}")))
+}
+
+impl DataPipeline {
+    /// Open the data of `config`, positioned at `cursor` (the checkpoint's) if given.
+    pub fn new(config: &RunConfig, cursor: Option<&serde_json::Value>, vocab_size: usize) -> Result<Self> {
+        let d = &config.data;
+        let t = &config.training;
+        let tok = Tok::from_file(&d.tokenizer)?;
+        if tok.vocab_size() > vocab_size {
+            return Err(TrainError::config(
+                "data.tokenizer",
+                format!(
+                    "{} has {} tokens but the model's vocab_size is {vocab_size}",
+                    d.tokenizer.display(),
+                    tok.vocab_size()
+                ),
+            ));
+        }
+        let seed = t.seed;
+        let (prefetcher, val) = match d.kind.as_str() {
+            "sft" => {
+                if d.inputs.len() != 1 {
+                    return Err(TrainError::config("data.inputs", "sft takes exactly one JSONL file"));
+                }
+                let opts = ChatOptions {
+                    seq_len: t.seq_len,
+                    pack: d.pack,
+                    system_prompt: None,
+                };
+                let train = Arc::new(SftDataset::load(&d.inputs[0], &tok, &opts)?);
+                let mut sampler = SftSampler::for_dataset(&train, t.batch_size, seed)?;
+                if let Some(c) = cursor {
+                    sampler.restore(&restore_cursor(c)?)?;
+                }
+                // Validation: `val_inputs` if given, else the first rows of the training set.
+                let val_set = match d.val_inputs.first() {
+                    Some(path) => Arc::new(SftDataset::load(path, &tok, &opts)?),
+                    None => train.clone(),
+                };
+                let rows: Vec<usize> = (0..val_set.len().min(t.eval_batches * t.batch_size)).collect();
+                let val = rows.chunks(t.batch_size).map(|r| val_set.batch(r)).collect();
+                (Prefetcher::sft(train, sampler, d.prefetch), val)
+            }
+            _ => {
+                let out = d.cache_dir.clone().unwrap_or_else(|| default_cache_dir(config, &tok));
+                let meta = prepare(&PrepareOptions {
+                    inputs: d.inputs.clone(),
+                    tokenizer: d.tokenizer.clone(),
+                    out: out.clone(),
+                    val_fraction: d.val_fraction,
+                    text_field: d.text_field.clone(),
+                    threads: None,
+                    progress: std::io::stderr().is_terminal(),
+                })?;
+                if !meta.reused {
+                    tracing::info!("prepared token shards in {}", out.display());
+                }
+                let hash = tok.hash();
+                let train = Arc::new(TokenStore::open(&out, Split::Train, Some(&hash))?);
+                let mode = if d.sampling == "epochs" {
+                    SampleMode::Epochs
+                } else {
+                    SampleMode::Random
+                };
+                let mut sampler = WindowSampler::for_store(&train, t.batch_size, t.seq_len, mode, seed)?;
+                if let Some(c) = cursor {
+                    sampler.restore(&restore_cursor(c)?)?;
+                }
+                let val_store = TokenStore::open(&out, Split::Val, Some(&hash))?;
+                let val = eval_batches(&val_store, t.batch_size, t.seq_len, t.eval_batches);
+                if val.is_empty() {
+                    return Err(TrainError::config(
+                        "data.val_fraction",
+                        format!(
+                            "the validation split ({} tokens) is shorter than one window of {} tokens; raise it",
+                            val_store.len(),
+                            t.seq_len + 1
+                        ),
+                    ));
+                }
+                (Prefetcher::windows(train, sampler, d.prefetch), val)
+            }
+        };
+        Ok(Self {
+            prefetcher,
+            val,
+            tok,
+            tok_path: d.tokenizer.clone(),
+        })
+    }
+
+    /// The next training batch and the sampler cursor after it (as JSON, for checkpoints).
+    pub fn next_batch(&mut self) -> Result<(Batch, serde_json::Value)> {
+        let (batch, cursor) = self.prefetcher.next()?;
+        let cursor = serde_json::to_value(cursor).expect("cursor serialises");
+        Ok((batch, cursor))
+    }
+
+    /// Fixed validation batches.
+    pub fn val_batches(&self) -> &[Batch] {
+        &self.val
+    }
+
+    /// The run's tokenizer.
+    pub fn tokenizer(&self) -> Option<&Tok> {
+        Some(&self.tok)
+    }
+
+    /// Where the tokenizer came from.
+    pub fn tokenizer_path(&self) -> Option<&Path> {
+        Some(&self.tok_path)
+    }
+
+    /// Seconds the training loop has waited on data so far.
+    pub fn wait_secs(&self) -> f64 {
+        self.prefetcher.stats().total_wait.as_secs_f64()
+    }
+}

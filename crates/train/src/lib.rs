@@ -1,0 +1,21 @@
+//! Training for qwen-burn: run configs, the autodiff training loop (AdamW, warmup + cosine,
+//! global-norm clipping, gradient accumulation, MoE losses and balancing), metrics, step
+//! checkpoints with exact resume, fine-tuning (full or LoRA), plots and benchmarks.
+//!
+//! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`trainer`],
+//! [`checkpoint`], [`metrics`], [`plot`].
+
+pub mod bench;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod metrics;
+pub mod optim;
+pub mod plot;
+pub mod schedule;
+pub mod trainer;
+
+pub use config::RunConfig;
+pub use error::{Result, TrainError};
+pub use trainer::{RunOptions, RunSummary, train};

@@ -1,0 +1,175 @@
+//! PNG plots of runs (`qwen-burn plot`), drawn with plotters.
+//!
+//! The font (DejaVu Sans, Bitstream Vera licence, `assets/`) is embedded so plotting needs no
+//! system font library.
+
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+use serde_json::Value;
+
+use crate::error::{Result, TrainError};
+use crate::metrics::read_metrics;
+
+static FONT: Once = Once::new();
+
+fn ensure_font() {
+    FONT.call_once(|| {
+        let bytes: &'static [u8] = include_bytes!("../assets/DejaVuSans.ttf");
+        if register_font("sans-serif", FontStyle::Normal, bytes).is_err() {
+            tracing::warn!("could not register the embedded font; plot labels may be missing");
+        }
+    });
+}
+
+/// One named curve.
+pub struct Series {
+    /// Legend label.
+    pub name: String,
+    /// `(x, y)` points in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Draw curves into a PNG.
+pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], log_y: bool) -> Result<()> {
+    ensure_font();
+    let err = |e: String| TrainError::Other(format!("plotting {}: {e}", path.display()));
+    let points = series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in points.filter(|(_, y)| y.is_finite() && (!log_y || *y > 0.0)) {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        return Err(err("no finite points to plot".into()));
+    }
+    if x1 == x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 == y0 {
+        y1 = y0 + y0.abs().max(1e-9) * 0.1;
+    }
+    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK, RGBColor(255, 140, 0), RGBColor(128, 0, 128)];
+    macro_rules! draw {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(x_label)
+                .y_desc(y_label)
+                .draw()
+                .map_err(|e| err(e.to_string()))?;
+            for (i, s) in series.iter().enumerate() {
+                let color = colors[i % colors.len()];
+                let pts: Vec<(f64, f64)> =
+                    s.points.iter().copied().filter(|(_, y)| y.is_finite() && (!log_y || *y > 0.0)).collect();
+                chart
+                    .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                    .map_err(|e| err(e.to_string()))?
+                    .label(s.name.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| err(e.to_string()))?;
+        }};
+    }
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    if log_y {
+        draw!(builder
+            .build_cartesian_2d(x0..x1, (y0 * 0.95..y1 * 1.05).log_scale())
+            .map_err(|e| err(e.to_string()))?);
+    } else {
+        let pad = (y1 - y0) * 0.05;
+        draw!(builder
+            .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+            .map_err(|e| err(e.to_string()))?);
+    }
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// `(step, value)` of `field` in the records of `split`.
+pub fn metric_points(records: &[Value], split: &str, field: &str) -> Vec<(f64, f64)> {
+    records
+        .iter()
+        .filter(|r| r["split"] == split)
+        .filter_map(|r| Some((r["step"].as_f64()?, r[field].as_f64()?)))
+        .collect()
+}
+
+fn run_name(dir: &Path) -> String {
+    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string())
+}
+
+/// Write `loss.png` and `lr.png` (and `moe_load.png` for MoE runs) for one or more runs into
+/// `out_dir`; several runs are overlaid. Returns the files written.
+pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create directory", out_dir, e))?;
+    let mut loss = Vec::new();
+    let mut lr = Vec::new();
+    let mut load = Vec::new();
+    for run in runs {
+        let records = read_metrics(&run.join("metrics.jsonl"))?;
+        let name = run_name(run);
+        let prefix = if runs.len() > 1 { format!("{name} ") } else { String::new() };
+        loss.push(Series {
+            name: format!("{prefix}train"),
+            points: metric_points(&records, "train", "loss"),
+        });
+        let val = metric_points(&records, "val", "loss");
+        if !val.is_empty() {
+            loss.push(Series {
+                name: format!("{prefix}val"),
+                points: val,
+            });
+        }
+        lr.push(Series {
+            name: name.clone(),
+            points: metric_points(&records, "train", "lr"),
+        });
+        // Per-layer max/mean expert load of MoE runs.
+        let layers = records
+            .iter()
+            .find_map(|r| r["moe"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        for layer in 0..layers {
+            let points = records
+                .iter()
+                .filter(|r| r["split"] == "train")
+                .filter_map(|r| Some((r["step"].as_f64()?, r["moe"][layer]["max_over_mean_load"].as_f64()?)))
+                .collect();
+            load.push(Series {
+                name: format!("{prefix}layer {layer}"),
+                points,
+            });
+        }
+    }
+    let mut written = Vec::new();
+    let path = out_dir.join("loss.png");
+    line_chart(&path, "loss", "step", "cross-entropy (nats)", &loss, false)?;
+    written.push(path);
+    let path = out_dir.join("lr.png");
+    line_chart(&path, "learning rate", "step", "lr", &lr, false)?;
+    written.push(path);
+    if !load.is_empty() {
+        let path = out_dir.join("moe_load.png");
+        line_chart(&path, "expert load imbalance", "step", "max / mean tokens per expert", &load, false)?;
+        written.push(path);
+    }
+    Ok(written)
+}

@@ -1,0 +1,50 @@
+//! Learning-rate schedule: linear warmup, then cosine / linear / constant decay to `min_lr`.
+//!
+//! A pure function of the step (no scheduler state to save), so a resumed run gets the same
+//! learning rates by construction. Burn's `SequentialLrScheduler` is stateful and its cosine
+//! scheduler rejects learning rates above 1; this is the nanoGPT `get_lr` with the same shape
+//! as HF's `get_cosine_schedule_with_warmup` plus a floor.
+
+use crate::config::{OptimizerConfig, ScheduleConfig};
+
+/// Learning rate of optimizer step `step` (0-based) of a run of `max_steps` steps.
+pub fn learning_rate(step: usize, max_steps: usize, opt: &OptimizerConfig, sched: &ScheduleConfig) -> f64 {
+    let (peak, floor) = (opt.lr, sched.min_lr);
+    if step < sched.warmup_steps {
+        return peak * (step + 1) as f64 / sched.warmup_steps as f64;
+    }
+    let decay_steps = max_steps.saturating_sub(sched.warmup_steps).max(1);
+    let progress = ((step - sched.warmup_steps) as f64 / decay_steps as f64).min(1.0);
+    match sched.decay.as_str() {
+        "constant" => peak,
+        "linear" => floor + (peak - floor) * (1.0 - progress),
+        _ => floor + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (peak - floor),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warmup_then_cosine_to_the_floor() {
+        let opt = OptimizerConfig {
+            lr: 1.0,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip: 0.0,
+        };
+        let sched = ScheduleConfig {
+            warmup_steps: 10,
+            min_lr: 0.1,
+            decay: "cosine".into(),
+        };
+        assert!((learning_rate(0, 110, &opt, &sched) - 0.1).abs() < 1e-12);
+        assert!((learning_rate(9, 110, &opt, &sched) - 1.0).abs() < 1e-12);
+        assert!((learning_rate(10, 110, &opt, &sched) - 1.0).abs() < 1e-12);
+        assert!((learning_rate(60, 110, &opt, &sched) - 0.55).abs() < 1e-12);
+        assert!((learning_rate(110, 110, &opt, &sched) - 0.1).abs() < 1e-12);
+    }
+}

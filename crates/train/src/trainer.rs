@@ -1,0 +1,564 @@
+//! The training loop: config-file runs on any device, MoE losses, step checkpoints with exact
+//! resume, fine-tuning (full or LoRA), validation, samples and metrics.
+//!
+//! Written by hand rather than with burn-train's `SupervisedTraining`: that runner checkpoints
+//! per epoch only, restarts the data loader at an epoch boundary, clips per tensor and keeps a
+//! stateful scheduler, while a pretraining run needs step checkpoints with the data cursor,
+//! global-norm clipping and bit-exact resume.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::{Module, Param};
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use qwen_burn_data::Batch;
+use qwen_burn_model::block::FeedForward;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_model::loss::cross_entropy_sum;
+use qwen_burn_model::{
+    Qwen3Config, Qwen3ForCausalLM, RouterStats, SamplingConfig, device_from_name, generate, load_balancing_loss,
+    router_z_loss,
+};
+use serde_json::json;
+
+use crate::checkpoint::{
+    FORMAT_VERSION, TrainState, apply_lora, apply_retention, latest_checkpoint, load_checkpoint_model, load_state,
+    remove_partial_checkpoints, save_checkpoint,
+};
+use crate::config::{ModelSource, RunConfig};
+use crate::data::DataPipeline;
+use crate::error::{Result, TrainError};
+use crate::metrics::{MetricsLog, Progress, default_peak_tflops, train_flops_per_token};
+use crate::optim::{build_optimizer, clip_global_norm};
+use crate::schedule::learning_rate;
+
+/// How to launch a run (what the CLI flags say).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Device name (overrides `training.device`).
+    pub device: Option<String>,
+    /// Run directory (default `runs/<config file stem>`).
+    pub run_dir: PathBuf,
+    /// Continue from the newest good checkpoint in `run_dir`.
+    pub resume: bool,
+}
+
+/// Summary of a finished run.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Steps completed.
+    pub step: usize,
+    /// Last validation loss.
+    pub val_loss: Option<f64>,
+    /// Training wall time, seconds (this process).
+    pub elapsed_secs: f64,
+    /// Mean training tokens per second (this process).
+    pub tokens_per_sec: f64,
+    /// Directory of the final checkpoint.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// One step's scalar results.
+#[derive(Debug, Clone)]
+pub struct StepStats {
+    /// Mean next-token cross-entropy over the step's target tokens.
+    pub loss: f64,
+    /// Unweighted MoE load-balancing loss (mean over micro-batches), if MoE.
+    pub aux_loss: Option<f64>,
+    /// Router z-loss (mean over micro-batches), if enabled.
+    pub z_loss: Option<f64>,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Tokens processed (inputs of all micro-batches).
+    pub tokens: usize,
+    /// Per-MoE-layer routing statistics of the last micro-batch.
+    pub routers: Vec<RouterStats>,
+    /// Per-MoE-layer expert counts summed over the micro-batches (for bias balancing).
+    pub expert_counts: Vec<Vec<usize>>,
+}
+
+fn git_revision() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Batch tensors on `device`: inputs `[b, t]`, targets `[b, t]`, optional padding mask.
+pub fn batch_tensors(batch: &Batch, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>, Option<Tensor<2, Bool>>) {
+    let (b, t) = (batch.batch_size, batch.seq_len);
+    let inputs: Vec<i64> = batch.inputs.iter().map(|&i| i64::from(i)).collect();
+    let inputs = Tensor::from_data(TensorData::new(inputs, [b, t]), device);
+    let targets = Tensor::from_data(TensorData::new(batch.targets.clone(), [b, t]), device);
+    let mask = batch.attention_mask.as_ref().map(|m| {
+        let m: Vec<bool> = m.iter().map(|&x| x != 0).collect();
+        Tensor::from_data(TensorData::new(m, [b, t]), device)
+    });
+    (inputs, targets, mask)
+}
+
+/// Targets that count in the loss.
+pub fn count_targets(batch: &Batch) -> usize {
+    batch.targets.iter().filter(|&&t| t >= 0).count()
+}
+
+/// Forward + backward of one optimizer step over `batches` (gradient accumulation), returning
+/// the summed gradients and the step's statistics. The cross-entropy of every micro-batch is
+/// divided by the number of target tokens of the whole step, so k micro-batches give exactly
+/// the gradient of one batch k times larger; MoE aux and z losses are per micro-batch (as HF
+/// computes them per forward) and averaged over the k micro-batches.
+pub fn forward_backward(
+    model: &Qwen3ForCausalLM,
+    batches: &[Batch],
+    device: &Device,
+) -> Result<(GradientsParams, StepStats)> {
+    let total_targets: usize = batches.iter().map(count_targets).sum::<usize>().max(1);
+    let k = batches.len() as f64;
+    let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
+    let mut ce_total = 0.0f64;
+    let (mut aux_total, mut z_total) = (None::<f64>, None::<f64>);
+    let mut routers = Vec::new();
+    let mut counts: Vec<Vec<usize>> = Vec::new();
+    let mut tokens = 0;
+    for batch in batches {
+        tokens += batch.batch_size * batch.seq_len;
+        let (inputs, targets, mask) = batch_tensors(batch, device);
+        let out = model.forward(inputs, mask.clone(), None);
+        let ce_sum = cross_entropy_sum(out.logits, targets);
+        let mut loss = ce_sum.clone() / total_targets as f64;
+        if let Some(moe) = &model.config.moe {
+            let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+            let mask_f = mask.map(|m| m.float());
+            let aux = load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, mask_f.as_ref());
+            if moe.router_aux_loss_coef > 0.0 {
+                loss = loss + aux.clone() * (moe.router_aux_loss_coef / k);
+            }
+            *aux_total.get_or_insert(0.0) += read_scalar(aux)? / k;
+            if moe.router_z_loss_coef > 0.0 {
+                let z = router_z_loss(&logits);
+                loss = loss + z.clone() * (moe.router_z_loss_coef / k);
+                *z_total.get_or_insert(0.0) += read_scalar(z)? / k;
+            }
+            if counts.is_empty() {
+                counts = out.routers.iter().map(|r| vec![0; r.expert_counts.len()]).collect();
+            }
+            for (acc, r) in counts.iter_mut().zip(&out.routers) {
+                acc.iter_mut().zip(&r.expert_counts).for_each(|(a, c)| *a += c);
+            }
+            routers = out.routers;
+        }
+        ce_total += read_scalar(ce_sum)?;
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        accumulator.accumulate(model, grads);
+    }
+    let stats = StepStats {
+        loss: ce_total / total_targets as f64,
+        aux_loss: aux_total,
+        z_loss: z_total,
+        grad_norm: 0.0,
+        tokens,
+        routers: routers.iter().map(RouterStats::from_output).collect(),
+        expert_counts: counts,
+    };
+    Ok((accumulator.grads(), stats))
+}
+
+fn read_scalar(t: Tensor<1>) -> Result<f64> {
+    t.try_into_scalar::<f32>()
+        .map(f64::from)
+        .map_err(|e| TrainError::Device(format!("{e:?}")))
+}
+
+/// Aux-loss-free balancing (DeepSeek-V3): after each optimizer step move each expert's routing
+/// bias by `rate * sign(mean_load - load_e)`, so overloaded experts become less likely picks.
+fn update_routing_biases(model: Qwen3ForCausalLM, counts: &[Vec<usize>], rate: f64) -> Qwen3ForCausalLM {
+    let mut model = model;
+    let mut moe_layers = model.model.layers.iter_mut().filter_map(|l| match &mut l.mlp {
+        FeedForward::Sparse(moe) => Some(moe),
+        FeedForward::Dense(_) => None,
+    });
+    for layer_counts in counts {
+        let Some(moe) = moe_layers.next() else { break };
+        let Some(bias) = moe.routing_bias.take() else { continue };
+        let mean = layer_counts.iter().sum::<usize>() as f64 / layer_counts.len() as f64;
+        let delta: Vec<f32> = layer_counts
+            .iter()
+            .map(|&c| {
+                let diff = mean - c as f64;
+                let sign = if diff > 0.0 { 1.0 } else if diff < 0.0 { -1.0 } else { 0.0 };
+                (rate * sign) as f32
+            })
+            .collect();
+        let id = bias.id;
+        let value = bias.val().detach();
+        let device = value.device();
+        let updated = (value + Tensor::<1>::from_data(TensorData::new(delta, [layer_counts.len()]), &device))
+            .detach()
+            .set_require_grad(false);
+        moe.routing_bias = Some(Param::initialized(id, updated).set_require_grad(false));
+    }
+    model
+}
+
+/// Validation: mean cross-entropy over the fixed validation batches.
+pub fn evaluate(model: &Qwen3ForCausalLM, batches: &[Batch], device: &Device) -> Result<f64> {
+    let mut total = 0.0;
+    let mut count = 0;
+    for batch in batches {
+        let (inputs, targets, mask) = batch_tensors(batch, device);
+        let out = model.forward(inputs, mask, None);
+        total += read_scalar(cross_entropy_sum(out.logits, targets))?;
+        count += count_targets(batch);
+    }
+    Ok(total / count.max(1) as f64)
+}
+
+/// Build (or restore) the model for a run.
+fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> {
+    let model = match &config.model {
+        ModelSource::Scratch(model_config) => {
+            init_weights(Qwen3ForCausalLM::new(model_config, device), config.training.seed)
+        }
+        ModelSource::Pretrained(path) => {
+            let loaded = if path.join("state.json").is_file() {
+                load_checkpoint_model(path, device)?.materialize()
+            } else {
+                Qwen3ForCausalLM::from_pretrained(path, device)?
+            };
+            loaded
+        }
+    };
+    Ok(match &config.lora {
+        Some(lora) => apply_lora(model, lora),
+        None => model,
+    })
+}
+
+fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
+    match &config.model {
+        ModelSource::Scratch(c) => Ok(c.clone()),
+        ModelSource::Pretrained(path) => {
+            if path.join("state.json").is_file() || path.join("config.json").is_file() {
+                Ok(Qwen3Config::from_file(&path.join("config.json"))?)
+            } else {
+                Err(TrainError::config(
+                    "model.from",
+                    format!("{} holds no config.json (expected an HF model directory or a checkpoint)", path.display()),
+                ))
+            }
+        }
+    }
+}
+
+/// Field-by-field differences between two architectures, one per line.
+pub fn architecture_diff(old: &Qwen3Config, new: &Qwen3Config) -> Vec<String> {
+    let (a, b) = (old.to_hf_json(), new.to_hf_json());
+    let keys: std::collections::BTreeSet<&String> = a
+        .as_object()
+        .into_iter()
+        .chain(b.as_object())
+        .flat_map(|m| m.keys())
+        .collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            format!(
+                "  {k}: checkpoint {} vs config {}",
+                a.get(k).map_or("-".into(), |v| v.to_string()),
+                b.get(k).map_or("-".into(), |v| v.to_string())
+            )
+        })
+        .collect()
+}
+
+/// Run (or resume) training as the config says.
+pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
+    let device_name = opts.device.clone().unwrap_or_else(|| config.training.device.clone());
+    let device = device_from_name(&device_name)?.autodiff();
+    let run_dir = &opts.run_dir;
+    std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io("create directory", run_dir, e))?;
+    let run_toml = toml::to_string_pretty(&config.table).expect("config serialises");
+    let model_config = model_config_of(config)?;
+
+    // 1. Model, optimizer and state: fresh, or from the newest good checkpoint.
+    remove_partial_checkpoints(run_dir);
+    let resume_from = if opts.resume {
+        Some(latest_checkpoint(run_dir).ok_or_else(|| TrainError::Checkpoint {
+            path: run_dir.clone(),
+            reason: "--resume given but the run directory has no complete checkpoint".into(),
+        })?)
+    } else {
+        if latest_checkpoint(run_dir).is_some() {
+            return Err(TrainError::Checkpoint {
+                path: run_dir.clone(),
+                reason: "the run directory already has checkpoints; pass --resume to continue it or \
+                         choose another --run-dir"
+                    .into(),
+            });
+        }
+        None
+    };
+    let (model, optimizer, state) = match &resume_from {
+        Some(dir) => {
+            let saved = Qwen3Config::from_file(&dir.join("config.json"))?;
+            let diffs = architecture_diff(&saved, &model_config);
+            if !diffs.is_empty() {
+                return Err(TrainError::ArchitectureChanged {
+                    path: dir.clone(),
+                    diffs: diffs.join("\n"),
+                });
+            }
+            let state = load_state(dir)?;
+            if state.lora != config.lora {
+                return Err(TrainError::ArchitectureChanged {
+                    path: dir.clone(),
+                    diffs: format!("  lora: checkpoint {:?} vs config {:?}", state.lora, config.lora),
+                });
+            }
+            let model = load_checkpoint_model(dir, &device)?;
+            let optim_path = dir.join("optimizer.bpk");
+            let optimizer = build_optimizer(&model, &config.optimizer)
+                .load(&optim_path)
+                .map_err(|e| TrainError::Checkpoint {
+                    path: optim_path,
+                    reason: e.to_string(),
+                })?;
+            (model, optimizer, state)
+        }
+        None => {
+            let model = build_model(config, &device)?;
+            let optimizer = build_optimizer(&model, &config.optimizer);
+            let state = TrainState {
+                format_version: FORMAT_VERSION,
+                step: 0,
+                tokens_seen: 0,
+                data_cursor: serde_json::Value::Null,
+                seed: config.training.seed,
+                val_loss: None,
+                elapsed_secs: 0.0,
+                git_revision: git_revision(),
+                lora: config.lora.clone(),
+            };
+            (model, optimizer, state)
+        }
+    };
+
+    // 2. Data, resumed at the cursor of the last consumed batch.
+    let cursor = resume_from.as_ref().map(|_| state.data_cursor.clone());
+    let mut data = DataPipeline::new(config, cursor.as_ref(), model.config.vocab_size)?;
+    if let Some(tok_path) = data.tokenizer_path() {
+        let dest = run_dir.join("tokenizer.json");
+        std::fs::copy(tok_path, &dest).map_err(|e| TrainError::io("copy tokenizer to", &dest, e))?;
+    }
+    std::fs::write(run_dir.join("run.toml"), &run_toml).map_err(|e| TrainError::io("write", run_dir.join("run.toml"), e))?;
+    model.config.save(run_dir)?;
+
+    let keep_until = resume_from.as_ref().map(|_| state.step);
+    let metrics = MetricsLog::open(run_dir, "metrics.jsonl", keep_until)?;
+    let samples = MetricsLog::open(run_dir, "samples.jsonl", keep_until)?;
+    let summary = Loop {
+        config,
+        device,
+        device_name,
+        run_dir: run_dir.clone(),
+        run_toml,
+        metrics,
+        samples,
+        data: &mut data,
+    }
+    .run(model, optimizer, state)?;
+    Ok(summary)
+}
+
+struct Loop<'a> {
+    config: &'a RunConfig,
+    device: Device,
+    device_name: String,
+    run_dir: PathBuf,
+    run_toml: String,
+    metrics: MetricsLog,
+    samples: MetricsLog,
+    data: &'a mut DataPipeline,
+}
+
+fn abort_after_step_hook(step: usize) {
+    // Test hook: die without any cleanup right after step N (and its checkpoint), like `kill -9`.
+    if std::env::var("QWEN_BURN_ABORT_AFTER_STEP").ok().and_then(|v| v.parse().ok()) == Some(step) {
+        eprintln!("QWEN_BURN_ABORT_AFTER_STEP: aborting after step {step}");
+        std::process::abort();
+    }
+}
+
+impl Loop<'_> {
+    fn run(
+        mut self,
+        mut model: Qwen3ForCausalLM,
+        mut optimizer: ModuleOptimizer,
+        mut state: TrainState,
+    ) -> Result<RunSummary> {
+        let cfg = self.config;
+        let t = &cfg.training;
+        let max_steps = t.max_steps;
+        let model_config = model.config.clone();
+        let flops_per_token = train_flops_per_token(&model_config, t.seq_len);
+        let peak = cfg.logging.peak_tflops.unwrap_or_else(|| default_peak_tflops(&self.device_name)) * 1e12;
+        let progress = Progress::new(max_steps, state.step);
+        progress.line(&format!(
+            "training {} ({:.2}M params, {:.2}M active/token) on {} for {} steps, batch {}x{}x{} tokens, run dir {}",
+            model_config.model_type.as_str(),
+            model_config.num_params() as f64 / 1e6,
+            model_config.active_params_per_token() as f64 / 1e6,
+            self.device_name,
+            max_steps,
+            t.grad_accum,
+            t.batch_size,
+            t.seq_len,
+            self.run_dir.display()
+        ));
+        if state.step > 0 {
+            progress.line(&format!("resumed at step {} ({} tokens seen)", state.step, state.tokens_seen));
+        }
+        let mut last_checkpoint: Option<PathBuf> = latest_checkpoint(&self.run_dir);
+        let started = Instant::now();
+        let elapsed_before = state.elapsed_secs;
+        let mut window_tokens = 0usize;
+        let mut window_start = Instant::now();
+        let mut tokens_this_process = 0usize;
+        let bias_rate = model_config.moe.as_ref().map_or(0.0, |m| m.router_bias_update_rate);
+
+        while state.step < max_steps {
+            let step = state.step; // 0-based index of the step being taken
+            let mut batches = Vec::with_capacity(t.grad_accum);
+            let mut cursor = serde_json::Value::Null;
+            for _ in 0..t.grad_accum {
+                let (batch, c) = self.data.next_batch()?;
+                batches.push(batch);
+                cursor = c;
+            }
+            let (mut grads, mut stats) = forward_backward(&model, &batches, &self.device)?;
+            let total = stats.loss
+                + stats.aux_loss.unwrap_or(0.0) * model_config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
+            if !stats.loss.is_finite() || !total.is_finite() {
+                return Err(TrainError::NonFiniteLoss {
+                    step: step + 1,
+                    loss: stats.loss,
+                    last_good: last_checkpoint
+                        .as_ref()
+                        .map_or("none written yet".into(), |p| p.display().to_string()),
+                });
+            }
+            stats.grad_norm = clip_global_norm(&model, &mut grads, cfg.optimizer.grad_clip)?;
+            let lr = learning_rate(step, max_steps, &cfg.optimizer, &cfg.schedule);
+            model = optimizer.step(lr, model, grads);
+            if bias_rate > 0.0 {
+                model = update_routing_biases(model, &stats.expert_counts, bias_rate);
+            }
+            state.step += 1;
+            state.tokens_seen += stats.tokens as u64;
+            state.data_cursor = cursor;
+            state.val_loss = None;
+            window_tokens += stats.tokens;
+            tokens_this_process += stats.tokens;
+
+            // Metrics.
+            let s = state.step;
+            let last = s == max_steps;
+            if s % cfg.logging.interval == 0 || last || s == 1 {
+                let secs = window_start.elapsed().as_secs_f64().max(1e-9);
+                let tps = window_tokens as f64 / secs;
+                let mfu = tps * flops_per_token / peak;
+                let mut record = json!({
+                    "step": s, "split": "train", "loss": stats.loss, "lr": lr, "grad_norm": stats.grad_norm,
+                    "tokens_per_sec": tps, "mfu": mfu, "tokens_seen": state.tokens_seen,
+                    "elapsed_secs": elapsed_before + started.elapsed().as_secs_f64(),
+                });
+                if let Some(aux) = stats.aux_loss {
+                    record["aux_loss"] = json!(aux);
+                    record["moe"] = json!(stats.routers);
+                }
+                if let Some(z) = stats.z_loss {
+                    record["z_loss"] = json!(z);
+                }
+                self.metrics.write(&record)?;
+                let mut line = format!(
+                    "step {s:>6}/{max_steps} | loss {:.4} | lr {lr:.2e} | gnorm {:.3} | {tps:.0} tok/s | mfu {:.2}%",
+                    stats.loss,
+                    stats.grad_norm,
+                    mfu * 100.0
+                );
+                if let Some(aux) = stats.aux_loss {
+                    let imbalance = stats.routers.iter().map(|r| r.max_over_mean_load).fold(0.0, f64::max);
+                    line.push_str(&format!(" | aux {aux:.4} | max/mean load {imbalance:.2}"));
+                }
+                progress.line(&line);
+                window_tokens = 0;
+                window_start = Instant::now();
+            }
+            progress.step(s, &format!("loss {:.4}", stats.loss));
+
+            if (t.eval_interval > 0 && s % t.eval_interval == 0) || last {
+                let valid = model.valid();
+                let val_loss = evaluate(&valid, self.data.val_batches(), &self.device.clone().without_autodiff())?;
+                state.val_loss = Some(val_loss);
+                self.metrics
+                    .write(&json!({"step": s, "split": "val", "loss": val_loss, "perplexity": val_loss.exp()}))?;
+                progress.line(&format!("step {s:>6} | val loss {val_loss:.4} | val ppl {:.2}", val_loss.exp()));
+            }
+            if t.sample_interval > 0 && (s % t.sample_interval == 0 || last) {
+                self.sample(&model, s, &progress)?;
+            }
+            if (cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0) || last {
+                state.elapsed_secs = elapsed_before + started.elapsed().as_secs_f64();
+                let dir = save_checkpoint(&self.run_dir, &state, &model, &optimizer, &self.run_toml)?;
+                apply_retention(&self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best)?;
+                progress.line(&format!("step {s:>6} | checkpoint {}", dir.display()));
+                last_checkpoint = Some(dir);
+            }
+            abort_after_step_hook(s);
+        }
+        progress.finish();
+        let elapsed = started.elapsed().as_secs_f64();
+        Ok(RunSummary {
+            step: state.step,
+            val_loss: state.val_loss,
+            elapsed_secs: elapsed,
+            tokens_per_sec: tokens_this_process as f64 / elapsed.max(1e-9),
+            checkpoint: last_checkpoint,
+        })
+    }
+
+    fn sample(&mut self, model: &Qwen3ForCausalLM, step: usize, progress: &Progress) -> Result<()> {
+        let t = &self.config.training;
+        let Some(tok) = self.data.tokenizer() else { return Ok(()) };
+        let prompt_text = if t.sample_prompt.is_empty() { "\n" } else { t.sample_prompt.as_str() };
+        let mut prompt = tok.encode(prompt_text)?;
+        if prompt.is_empty() {
+            prompt = tok.eos_id().into_iter().collect();
+        }
+        let valid = model.valid();
+        let device = self.device.clone().without_autodiff();
+        let cfg = SamplingConfig {
+            max_new_tokens: t.sample_tokens,
+            temperature: t.sample_temperature,
+            top_k: Some(50),
+            seed: t.seed.wrapping_add(step as u64),
+            stop_tokens: tok.eos_id().into_iter().collect(),
+            ..SamplingConfig::default()
+        };
+        let out = generate(&valid, &prompt, &cfg, &device, |_| {})?;
+        let text = tok.decode(&out.new_token_ids)?;
+        progress.line(&format!("step {step:>6} | sample: {}{}", prompt_text, text.replace('\n', " ")));
+        self.samples.write(&json!({"step": step, "prompt": prompt_text, "text": text}))?;
+        Ok(())
+    }
+}
+
+/// Default run directory of a config file: `runs/<file stem>`.
+pub fn default_run_dir(config_path: &Path) -> PathBuf {
+    let stem = config_path.file_stem().map_or("run".into(), |s| s.to_string_lossy().to_string());
+    PathBuf::from("runs").join(stem)
+}

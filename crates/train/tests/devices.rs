@@ -1,0 +1,106 @@
+//! The same tiny model and batches give the same losses on every compiled-in device
+//! (flex, ndarray, and wgpu with `--features wgpu`; on Mesa's lavapipe in CI).
+
+use burn::tensor::Device;
+use qwen_burn_data::Batch;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
+use qwen_burn_train::config::OptimizerConfig;
+use qwen_burn_train::optim::{build_optimizer, clip_global_norm};
+use qwen_burn_train::trainer::forward_backward;
+use serde_json::json;
+
+fn config(moe: bool) -> Qwen3Config {
+    let mut v = json!({
+        "model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "initializer_range": 0.1,
+    });
+    if moe {
+        v["model_type"] = json!("qwen3_moe");
+        v["num_experts"] = json!(4);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(16);
+        v["router_aux_loss_coef"] = json!(0.01);
+    }
+    Qwen3Config::from_json(&v, true).unwrap()
+}
+
+fn batch(seed: u64) -> Batch {
+    let (b, t) = (2, 16);
+    let mut s = seed;
+    let tokens: Vec<u32> = (0..b * (t + 1))
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 40) as u32 % 64
+        })
+        .collect();
+    let mut inputs = Vec::new();
+    let mut targets = Vec::new();
+    for r in 0..b {
+        let w = &tokens[r * (t + 1)..(r + 1) * (t + 1)];
+        inputs.extend_from_slice(&w[..t]);
+        targets.extend(w[1..].iter().map(|&x| i64::from(x)));
+    }
+    Batch {
+        batch_size: b,
+        seq_len: t,
+        inputs,
+        targets,
+        attention_mask: None,
+    }
+}
+
+/// Losses of three AdamW steps on `device`.
+fn losses(device: Device, moe: bool) -> Vec<f64> {
+    let device = device.autodiff();
+    let mut model = init_weights(Qwen3ForCausalLM::new(&config(moe), &device), 5);
+    let opt = OptimizerConfig {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: 1.0,
+    };
+    let mut optimizer = build_optimizer(&model, &opt);
+    let mut out = Vec::new();
+    for step in 0..3 {
+        let (mut grads, stats) = forward_backward(&model, &[batch(step)], &device).unwrap();
+        clip_global_norm(&model, &mut grads, 1.0).unwrap();
+        model = optimizer.step(opt.lr, model, grads);
+        out.push(stats.loss + stats.aux_loss.unwrap_or(0.0));
+    }
+    out
+}
+
+fn compare(name: &str, device: Device, moe: bool) {
+    let reference = losses(Device::flex(), moe);
+    let other = losses(device, moe);
+    let first = (reference[0] - other[0]).abs();
+    let worst = reference.iter().zip(&other).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    println!("{name} moe={moe}: flex {reference:?} vs {other:?}; first-step diff {first:.2e}, worst {worst:.2e}");
+    assert!(first <= 1e-5, "{name}: first-step loss differs from flex by {first}");
+    assert!(worst <= 1e-4, "{name}: losses drift from flex by {worst}");
+}
+
+#[test]
+fn ndarray_matches_flex() {
+    compare("ndarray", Device::ndarray(), false);
+    compare("ndarray", Device::ndarray(), true);
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_matches_flex() {
+    let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let probe = std::panic::catch_unwind(|| {
+        burn::tensor::Tensor::<1>::from_floats([1.0, 2.0], &device).sum().into_scalar::<f32>()
+    });
+    if probe.is_err() {
+        println!("SKIPPED wgpu_matches_flex: no wgpu adapter available on this machine");
+        return;
+    }
+    compare("wgpu", device.clone(), false);
+    compare("wgpu", device, true);
+}
