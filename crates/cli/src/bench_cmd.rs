@@ -59,7 +59,10 @@ fn print(value: &serde_json::Value, json: bool) {
     if json {
         println!("{value}");
     } else {
-        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
     }
 }
 
@@ -73,7 +76,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             warmup,
             json,
         } => {
-            let run = RunConfig::load(&config, &overrides).with_context(|| format!("loading {}", config.display()))?;
+            let run = RunConfig::load(&config, &overrides)
+                .with_context(|| format!("loading {}", config.display()))?;
             let ModelSource::Scratch(model_config) = &run.model else {
                 bail!("bench train needs an inline [model] architecture, not `from`");
             };
@@ -103,7 +107,15 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 (None, Some(dir)) => qwen_burn_train::checkpoint::load_model_any(&dir, &dev)?,
                 (None, None) => bail!("give --config FILE or --model DIR"),
             };
-            let result = bench_generate(&model, &device, &dev, prompt_len, new_tokens, repeats, no_cache_too)?;
+            let result = bench_generate(
+                &model,
+                &device,
+                &dev,
+                prompt_len,
+                new_tokens,
+                repeats,
+                no_cache_too,
+            )?;
             print(&result, json);
         }
     }

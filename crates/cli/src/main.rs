@@ -5,9 +5,16 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc malloc: the training step frees and re-allocates the same large
+/// activation buffers every step, which glibc hands back to the kernel (munmap) and faults in
+/// again; that cost ~12% of a tiny-model step on flex (see benches/README.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench_cmd;
 mod cmd_data;
 mod model_cmds;
+mod reference_cmds;
 
 /// Train and run small Qwen3-style language models (dense and MoE) on Burn.
 #[derive(Parser, Debug)]
@@ -37,6 +44,10 @@ enum Command {
     /// Prepare token shards.
     #[command(subcommand)]
     Data(cmd_data::DataCmd),
+    /// Write the step-0 weights of a run config as an HF model directory.
+    Init(reference_cmds::InitArgs),
+    /// Dump the training batches of a run config, in the order `train` consumes them.
+    Batches(reference_cmds::BatchesArgs),
     /// Benchmarks: training steps and generation speed.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
@@ -110,7 +121,9 @@ fn train(args: TrainArgs) -> Result<()> {
         summary.val_loss.map_or("-".into(), |l| format!("{l:.4}")),
         summary.tokens_per_sec,
         summary.elapsed_secs,
-        summary.checkpoint.map_or("-".into(), |p| p.display().to_string())
+        summary
+            .checkpoint
+            .map_or("-".into(), |p| p.display().to_string())
     );
     Ok(())
 }
@@ -128,13 +141,23 @@ fn export(args: ExportArgs) -> Result<()> {
     // Ship the tokenizer with the model when we can find it.
     if let Some(tok) = [args.checkpoint.clone()]
         .into_iter()
-        .chain(args.checkpoint.ancestors().skip(1).take(2).map(PathBuf::from))
+        .chain(
+            args.checkpoint
+                .ancestors()
+                .skip(1)
+                .take(2)
+                .map(PathBuf::from),
+        )
         .map(|d| d.join("tokenizer.json"))
         .find(|p| p.is_file())
     {
         std::fs::copy(&tok, args.out.join("tokenizer.json")).context("copying tokenizer.json")?;
     }
-    println!("exported {} to {}", args.checkpoint.display(), args.out.display());
+    println!(
+        "exported {} to {}",
+        args.checkpoint.display(),
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -167,5 +190,7 @@ fn main() -> Result<()> {
         Command::Tokenizer(c) => cmd_data::run_tokenizer(c),
         Command::Data(c) => cmd_data::run_data(c),
         Command::Bench(c) => bench_cmd::run(c),
+        Command::Init(a) => reference_cmds::init(a),
+        Command::Batches(a) => reference_cmds::batches(a),
     }
 }

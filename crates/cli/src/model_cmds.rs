@@ -38,15 +38,20 @@ impl ModelArgs {
 pub fn find_tokenizer(model_dir: &Path, flag: Option<&Path>) -> Result<Option<Tok>> {
     let candidates: Vec<PathBuf> = match flag {
         Some(p) => vec![p.to_path_buf()],
-        None => [Some(model_dir), model_dir.parent(), model_dir.parent().and_then(Path::parent)]
-            .into_iter()
-            .flatten()
-            .map(|d| d.join("tokenizer.json"))
-            .collect(),
+        None => [
+            Some(model_dir),
+            model_dir.parent(),
+            model_dir.parent().and_then(Path::parent),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("tokenizer.json"))
+        .collect(),
     };
     for path in candidates {
         if path.exists() {
-            let tok = Tok::from_file(&path).with_context(|| format!("loading tokenizer {}", path.display()))?;
+            let tok = Tok::from_file(&path)
+                .with_context(|| format!("loading tokenizer {}", path.display()))?;
             return Ok(Some(tok));
         }
     }
@@ -67,13 +72,19 @@ pub struct ScoreArgs {
 
 /// Read `{"input_ids": [[...]]}` and check it against the vocabulary.
 fn read_token_rows(path: &Path, vocab: usize) -> Result<(Vec<i64>, usize, usize)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
     let rows = value
         .get("input_ids")
         .and_then(|v| v.as_array())
-        .with_context(|| format!("{}: expected an object with an `input_ids` list of rows", path.display()))?;
+        .with_context(|| {
+            format!(
+                "{}: expected an object with an `input_ids` list of rows",
+                path.display()
+            )
+        })?;
     if rows.is_empty() {
         bail!("{}: `input_ids` is empty", path.display());
     }
@@ -93,9 +104,9 @@ fn read_token_rows(path: &Path, vocab: usize) -> Result<(Vec<i64>, usize, usize)
             _ => {}
         }
         for (c, id) in row.iter().enumerate() {
-            let id = id
-                .as_u64()
-                .with_context(|| format!("{}: input_ids[{r}][{c}] is not a token id", path.display()))?;
+            let id = id.as_u64().with_context(|| {
+                format!("{}: input_ids[{r}][{c}] is not a token id", path.display())
+            })?;
             if id as usize >= vocab {
                 bail!(
                     "{}: input_ids[{r}][{c}] = {id} is out of range for vocab_size {vocab}",
@@ -107,22 +118,35 @@ fn read_token_rows(path: &Path, vocab: usize) -> Result<(Vec<i64>, usize, usize)
     }
     let t = width.unwrap_or(0);
     if t < 2 {
-        bail!("{}: rows need at least 2 tokens to score a next-token prediction", path.display());
+        bail!(
+            "{}: rows need at least 2 tokens to score a next-token prediction",
+            path.display()
+        );
     }
     Ok((flat, rows.len(), t))
 }
 
 /// Mean next-token loss of a batch of rows, with the MoE aux loss for MoE models.
-pub fn score_rows(model: &Qwen3ForCausalLM, ids: Vec<i64>, b: usize, t: usize, device: &Device) -> Result<serde_json::Value> {
+pub fn score_rows(
+    model: &Qwen3ForCausalLM,
+    ids: Vec<i64>,
+    b: usize,
+    t: usize,
+    device: &Device,
+) -> Result<serde_json::Value> {
     let targets = targets_tensor(shift_targets(&ids, b, t), b, t, device);
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), device);
     let out = model.forward(input, None, None);
     let n = b * (t - 1);
     let lm_loss = f64::from(cross_entropy_sum(out.logits, targets).into_scalar::<f32>()) / n as f64;
-    let mut result = json!({"loss": lm_loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
+    let mut result =
+        json!({"loss": lm_loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
     if let Some(moe) = &model.config.moe {
         let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
-        let aux = f64::from(load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, None).into_scalar::<f32>());
+        let aux = f64::from(
+            load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, None)
+                .into_scalar::<f32>(),
+        );
         let loss = lm_loss + moe.router_aux_loss_coef * aux;
         result["aux_loss"] = json!(aux);
         result["router_aux_loss_coef"] = json!(moe.router_aux_loss_coef);
@@ -164,7 +188,9 @@ pub fn eval(args: EvalArgs) -> Result<()> {
     let text = qwen_burn_data::ingest::read_text_file(&args.text)
         .with_context(|| format!("reading {}", args.text.display()))?;
     let ids = tok.encode(&text)?;
-    let context = args.context.unwrap_or(model.config.max_position_embeddings.min(1024));
+    let context = args
+        .context
+        .unwrap_or(model.config.max_position_embeddings.min(1024));
     if ids.len() < context + 1 {
         bail!(
             "{} has {} tokens, fewer than one window of {} (lower --context)",
@@ -179,7 +205,10 @@ pub fn eval(args: EvalArgs) -> Result<()> {
     let mut count = 0usize;
     for group in windows.chunks(args.batch_size.max(1)) {
         let b = group.len();
-        let flat: Vec<i64> = group.iter().flat_map(|w| w.iter().map(|&i| i64::from(i))).collect();
+        let flat: Vec<i64> = group
+            .iter()
+            .flat_map(|w| w.iter().map(|&i| i64::from(i)))
+            .collect();
         let r = score_rows(&model, flat, b, context + 1, &device)?;
         let n = r["num_tokens"].as_u64().unwrap_or(0) as usize;
         total += r["lm_loss"].as_f64().unwrap_or(f64::NAN) * n as f64;
@@ -279,7 +308,11 @@ pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
         }
     })?;
     let n = out.new_token_ids.len();
-    let decode_tps = if n > 1 { (n - 1) as f64 / out.decode_secs } else { 0.0 };
+    let decode_tps = if n > 1 {
+        (n - 1) as f64 / out.decode_secs
+    } else {
+        0.0
+    };
     if args.json {
         let mut v = json!({
             "prompt_ids": prompt,
@@ -298,7 +331,10 @@ pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
         } else {
             println!();
         }
-        eprintln!("[{n} tokens, prefill {:.3}s, decode {:.1} tokens/s]", out.prefill_secs, decode_tps);
+        eprintln!(
+            "[{n} tokens, prefill {:.3}s, decode {:.1} tokens/s]",
+            out.prefill_secs, decode_tps
+        );
     }
     Ok(())
 }

@@ -5,7 +5,10 @@ mod common;
 use common::*;
 
 fn score(model: &std::path::Path, tokens: &std::path::Path) -> f64 {
-    let out = ok(&qwen_burn(&["score", "--model", s(model), "--tokens", s(tokens)], &[]));
+    let out = ok(&qwen_burn(
+        &["score", "--model", s(model), "--tokens", s(tokens)],
+        &[],
+    ));
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("score prints JSON");
     v["loss"].as_f64().expect("loss")
 }
@@ -30,15 +33,25 @@ fn export_lora_finetune_and_export_again() {
     let tmp = tempfile::tempdir().unwrap();
     let base_cfg = tiny_config(tmp.path(), false, 3, 3, "");
     let base = tmp.path().join("base");
-    ok(&qwen_burn(&["train", "--config", s(&base_cfg), "--run-dir", s(&base)], &[]));
+    ok(&qwen_burn(
+        &["train", "--config", s(&base_cfg), "--run-dir", s(&base)],
+        &[],
+    ));
 
     // 1. Checkpoint -> HF directory; both score the same tokens identically.
     let hf = tmp.path().join("hf");
-    ok(&qwen_burn(&["export", "--checkpoint", s(&base), "--out", s(&hf)], &[]));
+    ok(&qwen_burn(
+        &["export", "--checkpoint", s(&base), "--out", s(&hf)],
+        &[],
+    ));
     assert!(hf.join("config.json").is_file() && hf.join("model.safetensors").is_file());
     assert!(hf.join("tokenizer.json").is_file());
     let tokens = tmp.path().join("tokens.json");
-    std::fs::write(&tokens, r#"{"input_ids": [[5, 17, 300, 42, 7, 99, 1000, 3], [8, 8, 8, 8, 9, 9, 9, 9]]}"#).unwrap();
+    std::fs::write(
+        &tokens,
+        r#"{"input_ids": [[5, 17, 300, 42, 7, 99, 1000, 3], [8, 8, 8, 8, 9, 9, 9, 9]]}"#,
+    )
+    .unwrap();
     let (a, b) = (score(&base, &tokens), score(&hf, &tokens));
     assert_eq!(a.to_bits(), b.to_bits(), "checkpoint {a} vs exported {b}");
 
@@ -81,7 +94,10 @@ targets = ["q_proj", "v_proj"]
     )
     .unwrap();
     let lora_run = tmp.path().join("lora");
-    ok(&qwen_burn(&["train", "--config", s(&lora_cfg), "--run-dir", s(&lora_run)], &[]));
+    ok(&qwen_burn(
+        &["train", "--config", s(&lora_cfg), "--run-dir", s(&lora_run)],
+        &[],
+    ));
     let losses = train_losses(&lora_run);
     assert_eq!(losses.len(), 4);
     assert!(losses.iter().all(|(_, l)| l.is_finite()));
@@ -89,9 +105,15 @@ targets = ["q_proj", "v_proj"]
     // 3. The LoRA checkpoint exported (adapters merged) scores like the checkpoint itself, and
     //    differs from the base model (the adapters learned something).
     let merged = tmp.path().join("merged");
-    ok(&qwen_burn(&["export", "--checkpoint", s(&lora_run), "--out", s(&merged)], &[]));
+    ok(&qwen_burn(
+        &["export", "--checkpoint", s(&lora_run), "--out", s(&merged)],
+        &[],
+    ));
     let (c, m) = (score(&lora_run, &tokens), score(&merged, &tokens));
-    assert!((c - m).abs() <= 1e-6, "LoRA checkpoint {c} vs merged export {m}");
+    assert!(
+        (c - m).abs() <= 1e-6,
+        "LoRA checkpoint {c} vs merged export {m}"
+    );
     assert_ne!(m.to_bits(), a.to_bits(), "LoRA training changed nothing");
 }
 
@@ -100,18 +122,31 @@ fn full_finetune_from_a_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let base_cfg = tiny_config(tmp.path(), false, 3, 3, "");
     let base = tmp.path().join("base");
-    ok(&qwen_burn(&["train", "--config", s(&base_cfg), "--run-dir", s(&base)], &[]));
+    ok(&qwen_burn(
+        &["train", "--config", s(&base_cfg), "--run-dir", s(&base)],
+        &[],
+    ));
     let ckpt = qwen_burn_train::checkpoint::latest_checkpoint(&base).unwrap();
     let text = std::fs::read_to_string(&base_cfg).unwrap();
     // Replace the [model] table by `from = <checkpoint>`.
     let rest = &text[text.find("[data]").unwrap()..];
     let ft_cfg = tmp.path().join("ft.toml");
-    std::fs::write(&ft_cfg, format!("[model]\nfrom = \"{}\"\n{rest}", ckpt.display())).unwrap();
+    std::fs::write(
+        &ft_cfg,
+        format!("[model]\nfrom = \"{}\"\n{rest}", ckpt.display()),
+    )
+    .unwrap();
     let ft = tmp.path().join("ft");
-    ok(&qwen_burn(&["train", "--config", s(&ft_cfg), "--run-dir", s(&ft)], &[]));
+    ok(&qwen_burn(
+        &["train", "--config", s(&ft_cfg), "--run-dir", s(&ft)],
+        &[],
+    ));
     // Same seed and data: the fine-tune's first batch is the base run's first batch, which the
     // trained weights now predict better than the fresh initialisation did.
     let first = train_losses(&ft)[0].1;
     let fresh = train_losses(&base)[0].1;
-    assert!(first < fresh - 0.01, "fine-tune starts at {first}, the fresh model was at {fresh}");
+    assert!(
+        first < fresh - 0.01,
+        "fine-tune starts at {first}, the fresh model was at {fresh}"
+    );
 }

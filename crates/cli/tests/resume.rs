@@ -9,22 +9,42 @@ fn exact_resume(moe: bool) {
     let config = tiny_config(tmp.path(), moe, 6, 3, "");
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
 
-    ok(&qwen_burn(&["train", "--config", s(&config), "--run-dir", s(&a)], &[]));
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&a)],
+        &[],
+    ));
 
     // Killed right after step 3 and its checkpoint (abort: no destructors, no flushing).
     let killed = qwen_burn(
         &["train", "--config", s(&config), "--run-dir", s(&b)],
         &[("QWEN_BURN_ABORT_AFTER_STEP", "3")],
     );
-    assert!(!killed.status.success(), "the first half must have been killed");
-    ok(&qwen_burn(&["train", "--config", s(&config), "--run-dir", s(&b), "--resume"], &[]));
+    assert!(
+        !killed.status.success(),
+        "the first half must have been killed"
+    );
+    ok(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&b),
+            "--resume",
+        ],
+        &[],
+    ));
 
     let (la, lb) = (train_losses(&a), train_losses(&b));
     assert_eq!(la.len(), 6);
     println!("moe={moe}: uninterrupted {la:?}\nresumed {lb:?}");
     for ((sa, xa), (sb, xb)) in la.iter().zip(&lb) {
         assert_eq!(sa, sb);
-        assert_eq!(xa.to_bits(), xb.to_bits(), "step {sa}: loss {xa} vs resumed {xb}");
+        assert_eq!(
+            xa.to_bits(),
+            xb.to_bits(),
+            "step {sa}: loss {xa} vs resumed {xb}"
+        );
     }
     assert_eq!(la.len(), lb.len());
 }
@@ -44,7 +64,10 @@ fn kill_during_checkpoint_write_keeps_the_previous_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tiny_config(tmp.path(), false, 6, 3, "");
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    ok(&qwen_burn(&["train", "--config", s(&config), "--run-dir", s(&a)], &[]));
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&a)],
+        &[],
+    ));
 
     let killed = qwen_burn(
         &["train", "--config", s(&config), "--run-dir", s(&b)],
@@ -52,13 +75,44 @@ fn kill_during_checkpoint_write_keeps_the_previous_checkpoint() {
     );
     assert!(!killed.status.success());
     let ckpt = b.join("checkpoints");
-    assert!(ckpt.join("step-00000003/state.json").is_file(), "previous checkpoint intact");
-    assert!(!ckpt.join("step-00000006").exists(), "torn checkpoint must not appear under its final name");
-    assert!(ckpt.join("step-00000006.tmp").exists(), "the write was interrupted half-way");
+    assert!(
+        ckpt.join("step-00000003/state.json").is_file(),
+        "previous checkpoint intact"
+    );
+    assert!(
+        !ckpt.join("step-00000006").exists(),
+        "torn checkpoint must not appear under its final name"
+    );
+    assert!(
+        ckpt.join("step-00000006.tmp").exists(),
+        "the write was interrupted half-way"
+    );
 
     // The previous checkpoint loads and the run resumes from it to the same result.
-    ok(&qwen_burn(&["generate", "--model", s(&ckpt.join("step-00000003")), "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--json"], &[]));
-    ok(&qwen_burn(&["train", "--config", s(&config), "--run-dir", s(&b), "--resume"], &[]));
+    ok(&qwen_burn(
+        &[
+            "generate",
+            "--model",
+            s(&ckpt.join("step-00000003")),
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "4",
+            "--json",
+        ],
+        &[],
+    ));
+    ok(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&b),
+            "--resume",
+        ],
+        &[],
+    ));
     assert!(!ckpt.join("step-00000006.tmp").exists());
     let (la, lb) = (train_losses(&a), train_losses(&b));
     assert_eq!(la, lb);

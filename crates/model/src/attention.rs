@@ -73,7 +73,11 @@ impl Attention {
         // 1. Project and split heads: [b, t, heads * hd] -> [b, heads, t, hd].
         let q = self.q_proj.forward(x.clone()).reshape([b, t, hq, hd]);
         let k = self.k_proj.forward(x.clone()).reshape([b, t, hkv, hd]);
-        let v = self.v_proj.forward(x).reshape([b, t, hkv, hd]).swap_dims(1, 2);
+        let v = self
+            .v_proj
+            .forward(x)
+            .reshape([b, t, hkv, hd])
+            .swap_dims(1, 2);
 
         // 2. QK-norm over head_dim BEFORE RoPE (Qwen3), then rotate.
         let q = rope.apply(self.q_norm.forward(q).swap_dims(1, 2));
@@ -101,7 +105,8 @@ impl Attention {
         let out = attention(q, k, v, mask, None, options); // [b, hq, t, hd]
 
         // 6. Merge heads and project back: [b, t, hq * hd] -> [b, t, hidden].
-        self.o_proj.forward(out.swap_dims(1, 2).reshape([b, t, hq * hd]))
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, t, hq * hd]))
     }
 }
 

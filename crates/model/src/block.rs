@@ -38,8 +38,15 @@ impl DecoderLayer {
     /// Layer `index` of a model with config `c` (MoE or dense by HF's layer rule).
     pub fn new(c: &Qwen3Config, index: usize, device: &Device) -> Self {
         let mlp = match &c.moe {
-            Some(moe) if c.is_moe_layer(index) => FeedForward::Sparse(SparseMoe::new(c, moe, device)),
-            _ => FeedForward::Dense(Mlp::new(c.hidden_size, c.intermediate_size, c.initializer_range, device)),
+            Some(moe) if c.is_moe_layer(index) => {
+                FeedForward::Sparse(SparseMoe::new(c, moe, device))
+            }
+            _ => FeedForward::Dense(Mlp::new(
+                c.hidden_size,
+                c.intermediate_size,
+                c.initializer_range,
+                device,
+            )),
         };
         Self {
             input_layernorm: RmsNorm::new(c.hidden_size, c.rms_norm_eps, device),
@@ -58,7 +65,10 @@ impl DecoderLayer {
         mask: Option<&Tensor<4, Bool>>,
         cache: Option<&mut LayerCache>,
     ) -> (Tensor<3>, Option<RouterOutput>) {
-        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, mask, cache);
+        let h = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), rope, mask, cache);
         let normed = self.post_attention_layernorm.forward(h.clone());
         match &self.mlp {
             FeedForward::Dense(mlp) => (h + mlp.forward(normed), None),

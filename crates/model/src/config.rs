@@ -212,10 +212,9 @@ impl<'a> Fields<'a> {
     fn usize(&self, key: &'static str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| ModelError::invalid(key, format!("expected a non-negative integer, found {v}"))),
+            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+                ModelError::invalid(key, format!("expected a non-negative integer, found {v}"))
+            }),
         }
     }
 
@@ -237,10 +236,9 @@ impl<'a> Fields<'a> {
     fn bool(&self, key: &'static str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| ModelError::invalid(key, format!("expected true or false, found {v}"))),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+                ModelError::invalid(key, format!("expected true or false, found {v}"))
+            }),
         }
     }
 
@@ -310,13 +308,22 @@ impl Qwen3Config {
         if let Some(act) = f.str("hidden_act")?
             && act != "silu"
         {
-            return Err(ModelError::invalid("hidden_act", format!("`{act}` is not supported (expected `silu`)")));
+            return Err(ModelError::invalid(
+                "hidden_act",
+                format!("`{act}` is not supported (expected `silu`)"),
+            ));
         }
         if f.bool("use_sliding_window")?.unwrap_or(false) {
-            return Err(ModelError::invalid("use_sliding_window", "sliding-window attention is not supported"));
+            return Err(ModelError::invalid(
+                "use_sliding_window",
+                "sliding-window attention is not supported",
+            ));
         }
         if f.f64("attention_dropout")?.unwrap_or(0.0) != 0.0 {
-            return Err(ModelError::invalid("attention_dropout", "attention dropout is not supported (expected 0.0)"));
+            return Err(ModelError::invalid(
+                "attention_dropout",
+                "attention dropout is not supported (expected 0.0)",
+            ));
         }
         let hidden_size = f.req_usize("hidden_size")?;
         let num_attention_heads = f.req_usize("num_attention_heads")?;
@@ -344,7 +351,12 @@ impl Qwen3Config {
                     Some(v) => v
                         .as_array()
                         .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect())
-                        .ok_or_else(|| ModelError::invalid("mlp_only_layers", "expected a list of layer indices"))?,
+                        .ok_or_else(|| {
+                            ModelError::invalid(
+                                "mlp_only_layers",
+                                "expected a list of layer indices",
+                            )
+                        })?,
                 },
                 router_z_loss_coef: f.f64("router_z_loss_coef")?.unwrap_or(0.0),
                 router_bias_update_rate: f.f64("router_bias_update_rate")?.unwrap_or(0.0),
@@ -357,7 +369,9 @@ impl Qwen3Config {
             intermediate_size: f.req_usize("intermediate_size")?,
             num_hidden_layers: f.req_usize("num_hidden_layers")?,
             num_attention_heads,
-            num_key_value_heads: f.usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            num_key_value_heads: f
+                .usize("num_key_value_heads")?
+                .unwrap_or(num_attention_heads),
             head_dim,
             max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(32768),
             rms_norm_eps: f.f64("rms_norm_eps")?.unwrap_or(1e-6),
@@ -392,7 +406,10 @@ impl Qwen3Config {
                 return Err(ModelError::invalid(field, "must be greater than 0"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(ModelError::invalid(
                 "num_key_value_heads",
                 format!(
@@ -401,16 +418,22 @@ impl Qwen3Config {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(ModelError::invalid(
                 "head_dim",
-                format!("must be even for rotary embeddings, found {}", self.head_dim),
+                format!(
+                    "must be even for rotary embeddings, found {}",
+                    self.head_dim
+                ),
             ));
         }
-        if !(self.rms_norm_eps > 0.0) {
-            return Err(ModelError::invalid("rms_norm_eps", "must be greater than 0"));
+        if not_positive(self.rms_norm_eps) {
+            return Err(ModelError::invalid(
+                "rms_norm_eps",
+                "must be greater than 0",
+            ));
         }
-        if !(self.rope_theta > 0.0) {
+        if not_positive(self.rope_theta) {
             return Err(ModelError::invalid("rope_theta", "must be greater than 0"));
         }
         let factor = match &self.rope_scaling {
@@ -420,17 +443,23 @@ impl Qwen3Config {
             | RopeScaling::Yarn { factor, .. }
             | RopeScaling::Llama3 { factor, .. } => *factor,
         };
-        if !(factor > 0.0) {
-            return Err(ModelError::invalid("rope_scaling", format!("factor must be greater than 0, found {factor}")));
+        if not_positive(factor) {
+            return Err(ModelError::invalid(
+                "rope_scaling",
+                format!("factor must be greater than 0, found {factor}"),
+            ));
         }
         if let RopeScaling::Llama3 {
             low_freq_factor,
             high_freq_factor,
             ..
         } = &self.rope_scaling
-            && !(high_freq_factor > low_freq_factor)
+            && not_positive(high_freq_factor - low_freq_factor)
         {
-            return Err(ModelError::invalid("rope_scaling", "llama3 needs high_freq_factor > low_freq_factor"));
+            return Err(ModelError::invalid(
+                "rope_scaling",
+                "llama3 needs high_freq_factor > low_freq_factor",
+            ));
         }
         if let Some(moe) = &self.moe {
             if moe.num_experts == 0 {
@@ -439,22 +468,41 @@ impl Qwen3Config {
             if moe.num_experts_per_tok == 0 || moe.num_experts_per_tok > moe.num_experts {
                 return Err(ModelError::invalid(
                     "num_experts_per_tok",
-                    format!("must be in 1..={} (num_experts), found {}", moe.num_experts, moe.num_experts_per_tok),
+                    format!(
+                        "must be in 1..={} (num_experts), found {}",
+                        moe.num_experts, moe.num_experts_per_tok
+                    ),
                 ));
             }
             if moe.moe_intermediate_size == 0 {
-                return Err(ModelError::invalid("moe_intermediate_size", "must be greater than 0"));
-            }
-            if moe.decoder_sparse_step == 0 {
-                return Err(ModelError::invalid("decoder_sparse_step", "must be at least 1"));
-            }
-            if let Some(bad) = moe.mlp_only_layers.iter().find(|&&l| l >= self.num_hidden_layers) {
                 return Err(ModelError::invalid(
-                    "mlp_only_layers",
-                    format!("layer {bad} does not exist (num_hidden_layers = {})", self.num_hidden_layers),
+                    "moe_intermediate_size",
+                    "must be greater than 0",
                 ));
             }
-            if moe.router_aux_loss_coef < 0.0 || moe.router_z_loss_coef < 0.0 || moe.router_bias_update_rate < 0.0 {
+            if moe.decoder_sparse_step == 0 {
+                return Err(ModelError::invalid(
+                    "decoder_sparse_step",
+                    "must be at least 1",
+                ));
+            }
+            if let Some(bad) = moe
+                .mlp_only_layers
+                .iter()
+                .find(|&&l| l >= self.num_hidden_layers)
+            {
+                return Err(ModelError::invalid(
+                    "mlp_only_layers",
+                    format!(
+                        "layer {bad} does not exist (num_hidden_layers = {})",
+                        self.num_hidden_layers
+                    ),
+                ));
+            }
+            if moe.router_aux_loss_coef < 0.0
+                || moe.router_z_loss_coef < 0.0
+                || moe.router_bias_update_rate < 0.0
+            {
                 return Err(ModelError::invalid(
                     "router_aux_loss_coef",
                     "router coefficients and rates must be non-negative",
@@ -471,14 +519,16 @@ impl Qwen3Config {
             Some(moe) => {
                 !moe.mlp_only_layers.contains(&layer)
                     && moe.num_experts > 0
-                    && (layer + 1) % moe.decoder_sparse_step == 0
+                    && (layer + 1).is_multiple_of(moe.decoder_sparse_step)
             }
         }
     }
 
     /// Indices of the MoE layers.
     pub fn moe_layers(&self) -> Vec<usize> {
-        (0..self.num_hidden_layers).filter(|&l| self.is_moe_layer(l)).collect()
+        (0..self.num_hidden_layers)
+            .filter(|&l| self.is_moe_layer(l))
+            .collect()
     }
 
     /// The HF `config.json` object (transformers 4.x spelling, read by 4.x and 5.x).
@@ -525,17 +575,29 @@ impl Qwen3Config {
         if let Some(moe) = &self.moe {
             map.insert("num_experts".into(), json!(moe.num_experts));
             map.insert("num_experts_per_tok".into(), json!(moe.num_experts_per_tok));
-            map.insert("moe_intermediate_size".into(), json!(moe.moe_intermediate_size));
+            map.insert(
+                "moe_intermediate_size".into(),
+                json!(moe.moe_intermediate_size),
+            );
             map.insert("norm_topk_prob".into(), json!(moe.norm_topk_prob));
-            map.insert("router_aux_loss_coef".into(), json!(moe.router_aux_loss_coef));
-            map.insert("output_router_logits".into(), json!(moe.output_router_logits));
+            map.insert(
+                "router_aux_loss_coef".into(),
+                json!(moe.router_aux_loss_coef),
+            );
+            map.insert(
+                "output_router_logits".into(),
+                json!(moe.output_router_logits),
+            );
             map.insert("decoder_sparse_step".into(), json!(moe.decoder_sparse_step));
             map.insert("mlp_only_layers".into(), json!(moe.mlp_only_layers));
             if moe.router_z_loss_coef > 0.0 {
                 map.insert("router_z_loss_coef".into(), json!(moe.router_z_loss_coef));
             }
             if moe.router_bias_update_rate > 0.0 {
-                map.insert("router_bias_update_rate".into(), json!(moe.router_bias_update_rate));
+                map.insert(
+                    "router_bias_update_rate".into(),
+                    json!(moe.router_bias_update_rate),
+                );
             }
         }
         obj
@@ -553,7 +615,9 @@ impl Qwen3Config {
         let (h, hd) = (self.hidden_size, self.head_dim);
         let (hq, hkv) = (self.num_attention_heads, self.num_key_value_heads);
         let bias = |n: usize| if self.attention_bias { n } else { 0 };
-        let attn = h * hq * hd + 2 * h * hkv * hd + hq * hd * h
+        let attn = h * hq * hd
+            + 2 * h * hkv * hd
+            + hq * hd * h
             + bias(hq * hd + 2 * hkv * hd + h)
             + 2 * hd;
         let mut total = self.vocab_size * h + h;
@@ -601,6 +665,11 @@ impl Qwen3Config {
     }
 }
 
+/// True for zero, negative and NaN values.
+fn not_positive(x: f64) -> bool {
+    x.is_nan() || x <= 0.0
+}
+
 fn parse_rope(f: &Fields<'_>) -> Result<(f64, RopeScaling)> {
     // transformers 5.x folds the base into `rope_parameters`; 4.x has `rope_theta` + `rope_scaling`.
     let params = f.get("rope_parameters");
@@ -614,9 +683,9 @@ fn parse_rope(f: &Fields<'_>) -> Result<(f64, RopeScaling)> {
     let scaling = match dict {
         None => RopeScaling::Default,
         Some((field, value)) => {
-            let obj = value
-                .as_object()
-                .ok_or_else(|| ModelError::invalid(field, format!("expected an object, found {value}")))?;
+            let obj = value.as_object().ok_or_else(|| {
+                ModelError::invalid(field, format!("expected an object, found {value}"))
+            })?;
             let d = Fields { obj };
             if let Some(t) = d.f64("rope_theta")? {
                 theta = Some(t);
@@ -626,8 +695,9 @@ fn parse_rope(f: &Fields<'_>) -> Result<(f64, RopeScaling)> {
                 None => d.str("type")?.unwrap_or("default"),
             };
             let factor = || -> Result<f64> {
-                d.f64("factor")?
-                    .ok_or_else(|| ModelError::invalid(field, format!("rope_type `{rope_type}` needs `factor`")))
+                d.f64("factor")?.ok_or_else(|| {
+                    ModelError::invalid(field, format!("rope_type `{rope_type}` needs `factor`"))
+                })
             };
             match rope_type {
                 "default" => RopeScaling::Default,
@@ -635,7 +705,8 @@ fn parse_rope(f: &Fields<'_>) -> Result<(f64, RopeScaling)> {
                 "dynamic" => RopeScaling::Dynamic { factor: factor()? },
                 "yarn" => RopeScaling::Yarn {
                     factor: factor()?,
-                    original_max_position_embeddings: d.usize("original_max_position_embeddings")?,
+                    original_max_position_embeddings: d
+                        .usize("original_max_position_embeddings")?,
                     attention_factor: d.f64("attention_factor")?,
                     beta_fast: d.f64("beta_fast")?.unwrap_or(32.0),
                     beta_slow: d.f64("beta_slow")?.unwrap_or(1.0),
@@ -649,12 +720,19 @@ fn parse_rope(f: &Fields<'_>) -> Result<(f64, RopeScaling)> {
                     high_freq_factor: d.f64("high_freq_factor")?.unwrap_or(4.0),
                     original_max_position_embeddings: d
                         .usize("original_max_position_embeddings")?
-                        .ok_or_else(|| ModelError::invalid(field, "llama3 needs `original_max_position_embeddings`"))?,
+                        .ok_or_else(|| {
+                            ModelError::invalid(
+                                field,
+                                "llama3 needs `original_max_position_embeddings`",
+                            )
+                        })?,
                 },
                 other => {
                     return Err(ModelError::invalid(
                         "rope_type",
-                        format!("unknown rope_type `{other}` (expected one of default, linear, dynamic, yarn, llama3)"),
+                        format!(
+                            "unknown rope_type `{other}` (expected one of default, linear, dynamic, yarn, llama3)"
+                        ),
                     ));
                 }
             }
@@ -748,13 +826,19 @@ mod tests {
         let e = err_of(|m| {
             m.insert("num_key_value_heads".into(), json!(3));
         });
-        assert!(e.contains("num_key_value_heads") && e.contains("divisible"), "{e}");
+        assert!(
+            e.contains("num_key_value_heads") && e.contains("divisible"),
+            "{e}"
+        );
         let e = err_of(|m| {
             m.insert("head_dim".into(), json!(7));
         });
         assert!(e.contains("head_dim") && e.contains("even"), "{e}");
         let e = err_of(|m| {
-            m.insert("rope_scaling".into(), json!({"rope_type": "wavy", "factor": 2.0}));
+            m.insert(
+                "rope_scaling".into(),
+                json!({"rope_type": "wavy", "factor": 2.0}),
+            );
         });
         assert!(e.contains("rope_type") && e.contains("wavy"), "{e}");
         let e = err_of(|m| {

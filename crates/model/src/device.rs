@@ -34,9 +34,9 @@ pub fn device_from_name(name: &str) -> Result<Device> {
         _ if name == "cuda" || name.starts_with("cuda:") => {
             let index: usize = match name.strip_prefix("cuda:") {
                 None => 0,
-                Some(i) => i
-                    .parse()
-                    .map_err(|_| ModelError::InvalidInput(format!("bad CUDA device index in `{name}`")))?,
+                Some(i) => i.parse().map_err(|_| {
+                    ModelError::InvalidInput(format!("bad CUDA device index in `{name}`"))
+                })?,
             };
             #[cfg(feature = "cuda")]
             {

@@ -110,7 +110,11 @@ pub enum ModelError {
 pub type Result<T> = std::result::Result<T, ModelError>;
 
 impl ModelError {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
         Self::Io {
             action,
             path: path.into(),

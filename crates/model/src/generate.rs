@@ -133,7 +133,9 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     if prompt.is_empty() {
-        return Err(ModelError::InvalidInput("the prompt is empty: give at least one token".into()));
+        return Err(ModelError::InvalidInput(
+            "the prompt is empty: give at least one token".into(),
+        ));
     }
     let vocab = model.config.vocab_size;
     if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
@@ -151,12 +153,18 @@ pub fn generate(
     let mut prefill_secs = 0.0;
     for step in 0..cfg.max_new_tokens {
         let hidden = if !cfg.use_cache {
-            model.forward_hidden(ids_tensor(&sequence, device), None, None).0
+            model
+                .forward_hidden(ids_tensor(&sequence, device), None, None)
+                .0
         } else if step == 0 {
-            model.forward_hidden(ids_tensor(prompt, device), None, Some(&mut cache)).0
+            model
+                .forward_hidden(ids_tensor(prompt, device), None, Some(&mut cache))
+                .0
         } else {
             let last = &sequence[sequence.len() - 1..];
-            model.forward_hidden(ids_tensor(last, device), None, Some(&mut cache)).0
+            model
+                .forward_hidden(ids_tensor(last, device), None, Some(&mut cache))
+                .0
         };
         let logits = last_logits(model, hidden)?;
         if step == 0 {

@@ -35,6 +35,11 @@ pub fn shift_targets(input_ids: &[i64], b: usize, t: usize) -> Vec<i64> {
 }
 
 /// Targets as an Int tensor on `device`.
-pub fn targets_tensor(targets: Vec<i64>, b: usize, t: usize, device: &burn::tensor::Device) -> Tensor<2, Int> {
+pub fn targets_tensor(
+    targets: Vec<i64>,
+    b: usize,
+    t: usize,
+    device: &burn::tensor::Device,
+) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(targets, [b, t]), device)
 }

@@ -59,11 +59,20 @@ impl Qwen3ForCausalLM {
         Self {
             model: Qwen3Model {
                 embed_tokens,
-                layers: (0..c.num_hidden_layers).map(|i| DecoderLayer::new(c, i, device)).collect(),
+                layers: (0..c.num_hidden_layers)
+                    .map(|i| DecoderLayer::new(c, i, device))
+                    .collect(),
                 norm: RmsNorm::new(c.hidden_size, c.rms_norm_eps, device),
             },
-            lm_head: (!c.tie_word_embeddings)
-                .then(|| linear(c.hidden_size, c.vocab_size, false, c.initializer_range, device)),
+            lm_head: (!c.tie_word_embeddings).then(|| {
+                linear(
+                    c.hidden_size,
+                    c.vocab_size,
+                    false,
+                    c.initializer_range,
+                    device,
+                )
+            }),
             config: c.clone(),
         }
     }
@@ -168,6 +177,12 @@ fn causal_padding_mask(attention_mask: Tensor<2, Bool>, t: usize) -> Tensor<4, B
     let rows = Tensor::<1, Int>::arange(past..past + t as i64, &device).reshape([t, 1]);
     let cols = Tensor::<1, Int>::arange(0..s as i64, &device).reshape([1, s]);
     let future = cols.expand([t, s]).greater(rows.expand([t, s])); // [t, s]
-    let padding = attention_mask.bool_not().reshape([b, 1, 1, s]).expand([b, 1, t, s]);
-    future.reshape([1, 1, t, s]).expand([b, 1, t, s]).bool_or(padding)
+    let padding = attention_mask
+        .bool_not()
+        .reshape([b, 1, 1, s])
+        .expand([b, 1, t, s]);
+    future
+        .reshape([1, 1, t, s])
+        .expand([b, 1, t, s])
+        .bool_or(padding)
 }

@@ -51,8 +51,11 @@ impl SparseMoe {
             experts: (0..moe.num_experts)
                 .map(|_| Mlp::new(h, moe.moe_intermediate_size, std, device))
                 .collect(),
-            routing_bias: (moe.router_bias_update_rate > 0.0)
-                .then(|| Initializer::Zeros.init([moe.num_experts], device).set_require_grad(false)),
+            routing_bias: (moe.router_bias_update_rate > 0.0).then(|| {
+                Initializer::Zeros
+                    .init([moe.num_experts], device)
+                    .set_require_grad(false)
+            }),
             top_k: moe.num_experts_per_tok,
             norm_topk_prob: moe.norm_topk_prob,
         }
@@ -127,7 +130,12 @@ impl SparseMoe {
         let sorted_y = Tensor::cat(outputs, 0) * sorted_w.unsqueeze_dim(1); // [n*k, h]
 
         // 4. Back to (token, slot) order, then sum the k slots of each token.
-        let slots = Tensor::<2>::zeros([n * k, h], &device).select_assign(0, order, sorted_y, IndexingUpdateOp::Add);
+        let slots = Tensor::<2>::zeros([n * k, h], &device).select_assign(
+            0,
+            order,
+            sorted_y,
+            IndexingUpdateOp::Add,
+        );
         let y = slots.reshape([n, k, h]).sum_dim(1).reshape([b, t, h]);
         (
             y,
@@ -161,9 +169,14 @@ pub fn load_balancing_loss(
         None => (chosen.mean_dim(0), probs.mean_dim(0)), // [1, k, e], [1, e]
         Some(mask) => {
             let layers = router_logits.len();
-            let mask = mask.clone().reshape([1, m / layers]).repeat_dim(0, layers).reshape([m, 1]);
+            let mask = mask
+                .clone()
+                .reshape([1, m / layers])
+                .repeat_dim(0, layers)
+                .reshape([m, 1]);
             let total = mask.clone().sum();
-            let f = (chosen * mask.clone().unsqueeze_dim::<3>(2)).sum_dim(0) / total.clone().reshape([1, 1, 1]);
+            let f = (chosen * mask.clone().unsqueeze_dim::<3>(2)).sum_dim(0)
+                / total.clone().reshape([1, 1, 1]);
             let pbar = (probs * mask).sum_dim(0) / total.reshape([1, 1]);
             (f, pbar)
         }
@@ -201,12 +214,16 @@ impl RouterStats {
         let max = counts.iter().copied().max().unwrap_or(0) as f64;
         let logp = burn::tensor::activation::log_softmax(out.logits.clone().detach(), 1);
         let entropy = -(logp.clone().exp() * logp).sum_dim(1).mean();
-        let router_entropy = entropy.try_into_scalar::<f32>().map(f64::from).unwrap_or(f64::NAN);
+        let router_entropy = entropy
+            .try_into_scalar::<f32>()
+            .map(f64::from)
+            .unwrap_or(f64::NAN);
         Self {
             tokens_per_expert: counts.clone(),
             max_over_mean_load: if mean > 0.0 { max / mean } else { 0.0 },
             router_entropy,
-            dead_expert_fraction: counts.iter().filter(|&&c| c == 0).count() as f64 / counts.len() as f64,
+            dead_expert_fraction: counts.iter().filter(|&&c| c == 0).count() as f64
+                / counts.len() as f64,
         }
     }
 }

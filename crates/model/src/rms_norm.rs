@@ -32,10 +32,18 @@ impl RmsNorm {
     /// - `x`: `[..., size]` -> `[..., size]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();
-        let x32 = if dtype == DType::F32 { x } else { x.cast(DType::F32) };
+        let x32 = if dtype == DType::F32 {
+            x
+        } else {
+            x.cast(DType::F32)
+        };
         let variance = x32.clone().square().mean_dim(D - 1);
         let normed = x32 * (variance + self.eps).sqrt().recip();
-        let normed = if dtype == DType::F32 { normed } else { normed.cast(dtype) };
+        let normed = if dtype == DType::F32 {
+            normed
+        } else {
+            normed.cast(dtype)
+        };
         normed * self.weight.val().unsqueeze()
     }
 }

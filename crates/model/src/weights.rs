@@ -51,11 +51,13 @@ impl SafetensorsCheckpoint {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io("read", &index, e))?;
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::ConfigParse {
-                path: index.clone(),
-                reason: e.to_string(),
-            })?;
+            let text =
+                std::fs::read_to_string(&index).map_err(|e| ModelError::io("read", &index, e))?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::ConfigParse {
+                    path: index.clone(),
+                    reason: e.to_string(),
+                })?;
             let map = value
                 .get("weight_map")
                 .and_then(|m| m.as_object())
@@ -80,10 +82,11 @@ impl SafetensorsCheckpoint {
             // SAFETY: the file is opened read-only and we never hand out references that outlive
             // the map; a concurrent writer could change bytes under us, as with any mmap reader.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io("map", &path, e))?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
             for name in metadata.tensors().keys() {
                 keys.insert(name.clone(), shards.len());
             }
@@ -143,6 +146,9 @@ impl SafetensorsCheckpoint {
     }
 }
 
+/// One tensor in HF terms: key, HF-layout shape, f32 values.
+pub type HfTensor = (String, Vec<usize>, Vec<f32>);
+
 /// Tracks the HF key of the parameter being visited.
 #[derive(Default)]
 struct KeyPath {
@@ -164,12 +170,18 @@ impl KeyPath {
     }
 
     fn key(&self) -> String {
-        self.names.iter().flatten().cloned().collect::<Vec<_>>().join(".")
+        self.names
+            .iter()
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(".")
     }
 
     /// Linear weights are `[in, out]` in Burn and `[out, in]` in HF.
     fn is_linear_weight(&self) -> bool {
-        self.containers.last().is_some_and(|c| c == "Struct:Linear") && self.key().ends_with(".weight")
+        self.containers.last().is_some_and(|c| c == "Struct:Linear")
+            && self.key().ends_with(".weight")
     }
 }
 
@@ -279,7 +291,7 @@ impl Qwen3ForCausalLM {
     }
 
     /// Every parameter under its HF key, in HF layout, as f32.
-    pub fn hf_state_dict(&self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub fn hf_state_dict(&self) -> Result<Vec<HfTensor>> {
         let mut exporter = Exporter {
             path: KeyPath::default(),
             tensors: Vec::new(),
@@ -298,19 +310,26 @@ impl Qwen3ForCausalLM {
     pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io("create directory", dir, e))?;
         let mut tensors = self.hf_state_dict()?;
-        if let Some((key, _, values)) = tensors.iter().find(|(k, _, _)| is_ours_only(k)) {
-            if values.iter().any(|v| *v != 0.0) {
-                return Err(ModelError::Export(format!(
-                    "`{key}` (aux-loss-free routing bias) is non-zero and HF Qwen3-MoE has no such \
-                     parameter, so transformers would route differently; export with the bias \
-                     dropped only if that is acceptable"
-                )));
-            }
+        if let Some((key, _, _)) = tensors
+            .iter()
+            .find(|(k, _, values)| is_ours_only(k) && values.iter().any(|v| *v != 0.0))
+        {
+            return Err(ModelError::Export(format!(
+                "`{key}` (aux-loss-free routing bias) is non-zero and HF Qwen3-MoE has no such \
+                 parameter, so transformers would route differently; export with the bias \
+                 dropped only if that is acceptable"
+            )));
         }
         tensors.retain(|(k, _, _)| !is_ours_only(k));
         let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
             .into_iter()
-            .map(|(k, shape, values)| (k, shape, values.iter().flat_map(|v| v.to_le_bytes()).collect()))
+            .map(|(k, shape, values)| {
+                (
+                    k,
+                    shape,
+                    values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                )
+            })
             .collect();
         let views = bytes
             .iter()
@@ -323,9 +342,11 @@ impl Qwen3ForCausalLM {
         let final_path = dir.join("model.safetensors");
         let tmp = dir.join("model.safetensors.tmp");
         let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| ModelError::Safetensors {
-            path: tmp.clone(),
-            reason: e.to_string(),
+        safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| {
+            ModelError::Safetensors {
+                path: tmp.clone(),
+                reason: e.to_string(),
+            }
         })?;
         std::fs::rename(&tmp, &final_path).map_err(|e| ModelError::io("rename", &final_path, e))?;
         self.config.save(dir)
@@ -344,7 +365,7 @@ impl Qwen3ForCausalLM {
 
 struct Exporter {
     path: KeyPath,
-    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    tensors: Vec<HfTensor>,
     error: Option<ModelError>,
 }
 

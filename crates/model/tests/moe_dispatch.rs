@@ -1,6 +1,8 @@
 //! The sparse MoE dispatch against a naive reference that runs every expert on every token and
 //! masks by the routing weights: outputs and the gradients of every parameter agree to 1e-5.
 
+#![allow(deprecated)] // Device::ndarray: burn-ndarray is deprecated upstream but still a supported device here.
+
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, IndexingUpdateOp, Tensor, TensorData};
 use qwen_burn_model::block::FeedForward;
@@ -36,7 +38,11 @@ fn naive(moe: &SparseMoe, x: Tensor<3>) -> Tensor<3> {
     let x = x.reshape([n, h]);
     let probs = softmax(moe.gate.forward(x.clone()), 1);
     let (w, idx) = probs.topk_with_indices(moe.top_k, 1);
-    let w = if moe.norm_topk_prob { w.clone() / w.sum_dim(1) } else { w };
+    let w = if moe.norm_topk_prob {
+        w.clone() / w.sum_dim(1)
+    } else {
+        w
+    };
     let device = x.device();
     let routing = Tensor::<2>::zeros([n, e], &device).scatter(1, idx, w, IndexingUpdateOp::Add);
     let mut y = Tensor::<2>::zeros([n, h], &device);
@@ -56,7 +62,9 @@ fn random(shape: [usize; 3], seed: u64, device: &Device) -> Tensor<3> {
     let mut s = seed;
     let values: Vec<f32> = (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
         })
         .collect();
@@ -80,8 +88,14 @@ fn check(device: Device, norm_topk_prob: bool) {
     let mut checked = 0;
     let mut worst = 0.0f32;
     let mut cmp2 = |name: &str, p: &burn::module::Param<Tensor<2>>| {
-        let a = p.val().grad(&g_sparse).unwrap_or_else(|| panic!("no sparse grad for {name}"));
-        let b = p.val().grad(&g_dense).unwrap_or_else(|| panic!("no dense grad for {name}"));
+        let a = p
+            .val()
+            .grad(&g_sparse)
+            .unwrap_or_else(|| panic!("no sparse grad for {name}"));
+        let b = p
+            .val()
+            .grad(&g_dense)
+            .unwrap_or_else(|| panic!("no dense grad for {name}"));
         let d = max_diff(a, b);
         assert!(d <= TOL, "gradient of {name} differs by {d}");
         worst = worst.max(d);
@@ -95,7 +109,9 @@ fn check(device: Device, norm_topk_prob: bool) {
     }
     let dx = max_diff(x.grad(&g_sparse).unwrap(), x.grad(&g_dense).unwrap());
     assert!(dx <= TOL, "input gradient differs by {dx}");
-    println!("{device:?} norm_topk_prob={norm_topk_prob}: output diff {out_diff:.2e}, worst grad diff {worst:.2e} over {checked} params, dx {dx:.2e}");
+    println!(
+        "{device:?} norm_topk_prob={norm_topk_prob}: output diff {out_diff:.2e}, worst grad diff {worst:.2e} over {checked} params, dx {dx:.2e}"
+    );
 }
 
 #[test]
@@ -116,5 +132,8 @@ fn aux_loss_of_a_balanced_router_is_k() {
     let device = Device::flex();
     let logits = Tensor::<2>::zeros([8, 4], &device);
     let aux = qwen_burn_model::load_balancing_loss(&[logits], 4, 2, None).into_scalar::<f32>();
-    assert!((aux - 2.0).abs() < 1e-6, "balanced aux loss {aux}, expected 2");
+    assert!(
+        (aux - 2.0).abs() < 1e-6,
+        "balanced aux loss {aux}, expected 2"
+    );
 }

@@ -8,12 +8,19 @@ use qwen_burn_model::{ModelError, Qwen3Config, Qwen3ForCausalLM, SafetensorsChec
 use safetensors::tensor::{Dtype, TensorView};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn logits(model: &Qwen3ForCausalLM, device: &Device) -> Vec<f32> {
-    let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 5, 9, 33, 2, 7], [1, 6]), device);
-    model.forward(ids, None, None).logits.try_into_vec_as::<f32>().unwrap()
+    let ids =
+        Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 5, 9, 33, 2, 7], [1, 6]), device);
+    model
+        .forward(ids, None, None)
+        .logits
+        .try_into_vec_as::<f32>()
+        .unwrap()
 }
 
 fn copy_fixture(name: &str, to: &Path) {
@@ -41,7 +48,12 @@ fn rewrite(dir: &Path, edit: impl Fn(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) 
         .collect();
     let views: Vec<(String, TensorView<'_>)> = bytes
         .iter()
-        .map(|(k, s, b)| (k.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+        .map(|(k, s, b)| {
+            (
+                k.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
 }
@@ -69,9 +81,16 @@ fn export_writes_the_hf_tensors_back_and_reloads_identically() {
         }
         // The written config parses to the same architecture.
         let reread = Qwen3Config::from_file(&out.path().join("config.json")).unwrap();
-        assert_eq!(reread, original.config, "{name}: config differs after export");
+        assert_eq!(
+            reread, original.config,
+            "{name}: config differs after export"
+        );
         let reloaded = Qwen3ForCausalLM::from_pretrained(out.path(), &device).unwrap();
-        assert_eq!(logits(&original, &device), logits(&reloaded, &device), "{name}: logits differ");
+        assert_eq!(
+            logits(&original, &device),
+            logits(&reloaded, &device),
+            "{name}: logits differ"
+        );
     }
 }
 
@@ -86,9 +105,14 @@ fn load_err(dir: &Path) -> String {
 fn missing_tensor_is_named() {
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("dense", dir.path());
-    rewrite(dir.path(), |t| t.retain(|(k, _, _)| k != "model.layers.1.self_attn.k_norm.weight"));
+    rewrite(dir.path(), |t| {
+        t.retain(|(k, _, _)| k != "model.layers.1.self_attn.k_norm.weight")
+    });
     let e = load_err(dir.path());
-    assert!(e.contains("missing tensor `model.layers.1.self_attn.k_norm.weight`") && e.contains("[24]"), "{e}");
+    assert!(
+        e.contains("missing tensor `model.layers.1.self_attn.k_norm.weight`") && e.contains("[24]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -96,12 +120,17 @@ fn wrong_shape_names_key_and_both_shapes() {
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("dense", dir.path());
     rewrite(dir.path(), |t| {
-        let entry = t.iter_mut().find(|(k, _, _)| k == "model.layers.0.mlp.up_proj.weight").unwrap();
+        let entry = t
+            .iter_mut()
+            .find(|(k, _, _)| k == "model.layers.0.mlp.up_proj.weight")
+            .unwrap();
         entry.1 = vec![64, 96]; // transposed: HF layout is [96, 64]
     });
     let e = load_err(dir.path());
     assert!(
-        e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("[64, 96]") && e.contains("[96, 64]"),
+        e.contains("model.layers.0.mlp.up_proj.weight")
+            && e.contains("[64, 96]")
+            && e.contains("[96, 64]"),
         "{e}"
     );
 }
@@ -110,9 +139,18 @@ fn wrong_shape_names_key_and_both_shapes() {
 fn unexpected_tensor_is_named() {
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("dense", dir.path());
-    rewrite(dir.path(), |t| t.push(("model.layers.9.mystery.weight".into(), vec![2], vec![0.0, 1.0])));
+    rewrite(dir.path(), |t| {
+        t.push((
+            "model.layers.9.mystery.weight".into(),
+            vec![2],
+            vec![0.0, 1.0],
+        ))
+    });
     let e = load_err(dir.path());
-    assert!(e.contains("unexpected") && e.contains("model.layers.9.mystery.weight [2]"), "{e}");
+    assert!(
+        e.contains("unexpected") && e.contains("model.layers.9.mystery.weight [2]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -120,18 +158,32 @@ fn non_json_config_and_missing_weights_are_explained() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), "model_type: qwen3").unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("config.json") && e.contains("cannot parse"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("cannot parse"),
+        "{e}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture("dense").join("config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture("dense").join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let e = load_err(dir.path());
     assert!(e.contains("no model.safetensors"), "{e}");
 
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("dense", dir.path());
-    std::fs::write(dir.path().join("model.safetensors"), b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}").unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
+    )
+    .unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("corrupt safetensors") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("corrupt safetensors") && e.contains("model.safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -139,11 +191,15 @@ fn config_errors_name_the_field() {
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("dense", dir.path());
     let path = dir.path().join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     v["num_key_value_heads"] = serde_json::json!(3);
     std::fs::write(&path, v.to_string()).unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("num_key_value_heads") && e.contains("divisible"), "{e}");
+    assert!(
+        e.contains("num_key_value_heads") && e.contains("divisible"),
+        "{e}"
+    );
     assert!(matches!(
         Qwen3ForCausalLM::from_pretrained(dir.path(), &Device::flex()),
         Err(ModelError::InvalidConfig { .. })

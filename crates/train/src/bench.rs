@@ -31,8 +31,12 @@ pub fn peak_rss_mb() -> f64 {
 }
 
 fn random_batch(rng: &mut ChaCha8Rng, b: usize, t: usize, vocab: usize) -> Batch {
-    let inputs: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..vocab as u32)).collect();
-    let targets = (0..b * t).map(|_| i64::from(rng.random_range(0..vocab as u32))).collect();
+    let inputs: Vec<u32> = (0..b * t)
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect();
+    let targets = (0..b * t)
+        .map(|_| i64::from(rng.random_range(0..vocab as u32)))
+        .collect();
     Batch {
         batch_size: b,
         seq_len: t,
@@ -55,7 +59,14 @@ fn median(xs: &mut [f64]) -> f64 {
 }
 
 /// Time `steps` full training steps (forward, backward, clipping, AdamW) after `warmup` ones.
-pub fn bench_train(config: &RunConfig, model_config: &Qwen3Config, device_name: &str, device: &Device, steps: usize, warmup: usize) -> Result<Value> {
+pub fn bench_train(
+    config: &RunConfig,
+    model_config: &Qwen3Config,
+    device_name: &str,
+    device: &Device,
+    steps: usize,
+    warmup: usize,
+) -> Result<Value> {
     let t = &config.training;
     let device = device.clone().autodiff();
     let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
@@ -82,7 +93,11 @@ pub fn bench_train(config: &RunConfig, model_config: &Qwen3Config, device_name: 
     let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;
     let step_median = median(&mut times.clone());
     let tps = tokens / step_median;
-    let peak = config.logging.peak_tflops.unwrap_or_else(|| default_peak_tflops(device_name)) * 1e12;
+    let peak = config
+        .logging
+        .peak_tflops
+        .unwrap_or_else(|| default_peak_tflops(device_name))
+        * 1e12;
     let flops = train_flops_per_token(model_config, t.seq_len);
     Ok(json!({
         "bench": "train",
@@ -95,6 +110,7 @@ pub fn bench_train(config: &RunConfig, model_config: &Qwen3Config, device_name: 
         "warmup": warmup,
         "step_ms_median": step_median * 1e3,
         "step_ms_min": times.iter().copied().fold(f64::MAX, f64::min) * 1e3,
+        "step_ms": times.iter().map(|t| (t * 1e4).round() / 10.0).collect::<Vec<_>>(),
         "tokens_per_sec": tps,
         "train_flops_per_token": flops,
         "achieved_tflops": tps * flops / 1e12,
@@ -117,7 +133,9 @@ pub fn bench_generate(
 ) -> Result<Value> {
     let vocab = model.config.vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.random_range(0..vocab)).collect();
+    let prompt: Vec<u32> = (0..prompt_len)
+        .map(|_| rng.random_range(0..vocab))
+        .collect();
     let run = |use_cache: bool| -> Result<(f64, f64)> {
         let cfg = SamplingConfig {
             max_new_tokens: new_tokens,
@@ -132,7 +150,10 @@ pub fn bench_generate(
             decode.push((out.new_token_ids.len() - 1) as f64 / out.decode_secs);
         }
         // The first repetition warms up allocators (and compiles kernels on GPUs).
-        Ok((median(&mut prefill[1..].to_vec()), median(&mut decode[1..].to_vec())))
+        Ok((
+            median(&mut prefill[1..].to_vec()),
+            median(&mut decode[1..].to_vec()),
+        ))
     };
     let (prefill_tps, decode_tps) = run(true)?;
     let mut result = json!({

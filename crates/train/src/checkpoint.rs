@@ -100,7 +100,11 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Test hook: abort the process half-way through writing checkpoint `step`
 /// (`QWEN_BURN_ABORT_IN_CHECKPOINT=step`), to prove a kill never tears the latest checkpoint.
 fn maybe_abort_in_checkpoint(step: usize) {
-    if std::env::var("QWEN_BURN_ABORT_IN_CHECKPOINT").ok().and_then(|v| v.parse().ok()) == Some(step) {
+    if std::env::var("QWEN_BURN_ABORT_IN_CHECKPOINT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        == Some(step)
+    {
         eprintln!("QWEN_BURN_ABORT_IN_CHECKPOINT: aborting while writing checkpoint {step}");
         std::process::abort();
     }
@@ -136,12 +140,15 @@ pub fn save_checkpoint(
     fsync(&model_path)?;
     maybe_abort_in_checkpoint(state.step);
     let optim_path = tmp.join("optimizer.bpk");
-    optimizer.save(&optim_path).map_err(|e| TrainError::Checkpoint {
-        path: optim_path.clone(),
-        reason: e.to_string(),
-    })?;
+    optimizer
+        .save(&optim_path)
+        .map_err(|e| TrainError::Checkpoint {
+            path: optim_path.clone(),
+            reason: e.to_string(),
+        })?;
     fsync(&optim_path)?;
-    let config = serde_json::to_string_pretty(&model.config.to_hf_json()).expect("config serialises");
+    let config =
+        serde_json::to_string_pretty(&model.config.to_hf_json()).expect("config serialises");
     write_file(&tmp.join("config.json"), config.as_bytes())?;
     write_file(&tmp.join("run.toml"), run_toml.as_bytes())?;
     let state_json = serde_json::to_string_pretty(state).expect("state serialises");
@@ -222,10 +229,12 @@ pub fn load_checkpoint_model(dir: &Path, device: &Device) -> Result<Qwen3ForCaus
         path: path.clone(),
         reason: e.to_string(),
     })?;
-    model.try_load_record(record).map_err(|e| TrainError::Checkpoint {
-        path,
-        reason: e.to_string(),
-    })
+    model
+        .try_load_record(record)
+        .map_err(|e| TrainError::Checkpoint {
+            path,
+            reason: e.to_string(),
+        })
 }
 
 /// Load a model for inference from an HF directory, a checkpoint directory, or a run directory
@@ -233,16 +242,17 @@ pub fn load_checkpoint_model(dir: &Path, device: &Device) -> Result<Qwen3ForCaus
 pub fn load_model_any(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
     let model = if path.join("state.json").is_file() {
         load_checkpoint_model(path, device)?
-    } else if path.join("config.json").is_file() {
-        Qwen3ForCausalLM::from_pretrained(path, device)?
     } else if let Some(latest) = latest_checkpoint(path) {
         load_checkpoint_model(&latest, device)?
+    } else if path.join("config.json").is_file() {
+        Qwen3ForCausalLM::from_pretrained(path, device)?
     } else {
         return Err(TrainError::Checkpoint {
             path: path.to_path_buf(),
-            reason: "neither an HF model directory (config.json), a checkpoint (state.json) nor a run \
+            reason:
+                "neither an HF model directory (config.json), a checkpoint (state.json) nor a run \
                      directory with checkpoints"
-                .into(),
+                    .into(),
         });
     };
     Ok(model.valid().materialize())

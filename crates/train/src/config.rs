@@ -17,7 +17,7 @@ use crate::error::{Result, TrainError};
 #[derive(Debug, Clone)]
 pub enum ModelSource {
     /// A new model with this architecture, initialised from `training.seed`.
-    Scratch(Qwen3Config),
+    Scratch(Box<Qwen3Config>),
     /// An HF model directory or a qwen-burn checkpoint (fine-tuning).
     Pretrained(PathBuf),
 }
@@ -259,10 +259,23 @@ fn default_log_interval() -> usize {
     10
 }
 
-const SECTIONS: &[&str] = &["model", "data", "optimizer", "schedule", "training", "checkpoint", "logging", "lora"];
+const SECTIONS: &[&str] = &[
+    "model",
+    "data",
+    "optimizer",
+    "schedule",
+    "training",
+    "checkpoint",
+    "logging",
+    "lora",
+];
 
 /// Deserialise one section, naming it in the error.
-fn section<T: DeserializeOwned>(table: &toml::Table, name: &str, required: bool) -> Result<Option<T>> {
+fn section<T: DeserializeOwned>(
+    table: &toml::Table,
+    name: &str,
+    required: bool,
+) -> Result<Option<T>> {
     match table.get(name) {
         None if required => Err(TrainError::config(name, "required section is missing")),
         None => Ok(None),
@@ -278,7 +291,9 @@ fn section<T: DeserializeOwned>(table: &toml::Table, name: &str, required: bool)
 fn parse_override_value(value: &str) -> toml::Value {
     let doc = format!("v = {value}");
     match doc.parse::<toml::Table>() {
-        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(value.to_string())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(value.to_string())),
         Err(_) => toml::Value::String(value.to_string()),
     }
 }
@@ -302,7 +317,10 @@ pub fn apply_overrides(table: &mut toml::Table, overrides: &[String]) -> Result<
                 .as_table_mut()
                 .ok_or_else(|| TrainError::config(key, format!("`{part}` is not a table")))?;
         }
-        node.insert(path[path.len() - 1].to_string(), parse_override_value(value.trim()));
+        node.insert(
+            path[path.len() - 1].to_string(),
+            parse_override_value(value.trim()),
+        );
     }
     Ok(())
 }
@@ -316,7 +334,11 @@ pub fn toml_to_json(value: &toml::Value) -> serde_json::Value {
         toml::Value::Boolean(b) => serde_json::Value::Bool(*b),
         toml::Value::Datetime(d) => serde_json::Value::String(d.to_string()),
         toml::Value::Array(a) => serde_json::Value::Array(a.iter().map(toml_to_json).collect()),
-        toml::Value::Table(t) => serde_json::Value::Object(t.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect()),
+        toml::Value::Table(t) => serde_json::Value::Object(
+            t.iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
+        ),
     }
 }
 
@@ -324,10 +346,12 @@ impl RunConfig {
     /// Read a TOML run config and apply `--set` overrides.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| TrainError::Parse {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| TrainError::Parse {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
         apply_overrides(&mut table, overrides)?;
         Self::from_table(table)
     }
@@ -355,7 +379,12 @@ impl RunConfig {
                 }
                 ModelSource::Pretrained(PathBuf::from(dir))
             }
-            Some(_) => return Err(TrainError::config("model.from", "expected a directory path string")),
+            Some(_) => {
+                return Err(TrainError::config(
+                    "model.from",
+                    "expected a directory path string",
+                ));
+            }
             None => {
                 let json = toml_to_json(&toml::Value::Table(model_table.clone()));
                 let config = Qwen3Config::from_json(&json, true).map_err(|e| match e {
@@ -364,7 +393,7 @@ impl RunConfig {
                     }
                     other => TrainError::Model(other),
                 })?;
-                ModelSource::Scratch(config)
+                ModelSource::Scratch(Box::new(config))
             }
         };
         let config = Self {
@@ -411,15 +440,21 @@ impl RunConfig {
             }
         }
         let o = &self.optimizer;
-        if !(o.lr > 0.0) {
-            return Err(TrainError::config("optimizer.lr", format!("must be > 0, found {}", o.lr)));
+        if o.lr.is_nan() || o.lr <= 0.0 {
+            return Err(TrainError::config(
+                "optimizer.lr",
+                format!("must be > 0, found {}", o.lr),
+            ));
         }
         for (key, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
             if !(0.0..1.0).contains(&beta) {
-                return Err(TrainError::config(key, format!("must be in [0, 1), found {beta}")));
+                return Err(TrainError::config(
+                    key,
+                    format!("must be in [0, 1), found {beta}"),
+                ));
             }
         }
-        if !(o.eps > 0.0) || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
+        if o.eps.is_nan() || o.eps <= 0.0 || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
             return Err(TrainError::config(
                 "optimizer",
                 "eps must be > 0, weight_decay and grad_clip >= 0",
@@ -429,43 +464,78 @@ impl RunConfig {
         if !["cosine", "linear", "constant"].contains(&s.decay.as_str()) {
             return Err(TrainError::config(
                 "schedule.decay",
-                format!("unknown decay `{}` (expected cosine, linear or constant)", s.decay),
+                format!(
+                    "unknown decay `{}` (expected cosine, linear or constant)",
+                    s.decay
+                ),
             ));
         }
         if s.warmup_steps > t.max_steps {
-            return Err(TrainError::config("schedule.warmup_steps", "must not exceed training.max_steps"));
+            return Err(TrainError::config(
+                "schedule.warmup_steps",
+                "must not exceed training.max_steps",
+            ));
         }
         if s.min_lr < 0.0 || s.min_lr > o.lr {
-            return Err(TrainError::config("schedule.min_lr", "must be in [0, optimizer.lr]"));
+            return Err(TrainError::config(
+                "schedule.min_lr",
+                "must be in [0, optimizer.lr]",
+            ));
         }
         let d = &self.data;
         if !["text", "sft"].contains(&d.kind.as_str()) {
-            return Err(TrainError::config("data.kind", format!("unknown kind `{}` (expected text or sft)", d.kind)));
+            return Err(TrainError::config(
+                "data.kind",
+                format!("unknown kind `{}` (expected text or sft)", d.kind),
+            ));
         }
         if !["random", "epochs"].contains(&d.sampling.as_str()) {
             return Err(TrainError::config(
                 "data.sampling",
-                format!("unknown sampling `{}` (expected random or epochs)", d.sampling),
+                format!(
+                    "unknown sampling `{}` (expected random or epochs)",
+                    d.sampling
+                ),
             ));
         }
         if d.inputs.is_empty() {
-            return Err(TrainError::config("data.inputs", "list at least one file or directory"));
+            return Err(TrainError::config(
+                "data.inputs",
+                "list at least one file or directory",
+            ));
         }
         if !(0.0..1.0).contains(&d.val_fraction) {
             return Err(TrainError::config("data.val_fraction", "must be in [0, 1)"));
         }
         if let Some(lora) = &self.lora {
-            if lora.rank == 0 || !(lora.alpha > 0.0) {
-                return Err(TrainError::config("lora", "rank must be >= 1 and alpha > 0"));
+            if lora.rank == 0 || lora.alpha.is_nan() || lora.alpha <= 0.0 {
+                return Err(TrainError::config(
+                    "lora",
+                    "rank must be >= 1 and alpha > 0",
+                ));
             }
-            const KNOWN: &[&str] = &["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+            const KNOWN: &[&str] = &[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ];
             if lora.targets.is_empty() {
-                return Err(TrainError::config("lora.targets", "list at least one projection"));
+                return Err(TrainError::config(
+                    "lora.targets",
+                    "list at least one projection",
+                ));
             }
             if let Some(bad) = lora.targets.iter().find(|t| !KNOWN.contains(&t.as_str())) {
                 return Err(TrainError::config(
                     "lora.targets",
-                    format!("unknown projection `{bad}` (expected some of {})", KNOWN.join(", ")),
+                    format!(
+                        "unknown projection `{bad}` (expected some of {})",
+                        KNOWN.join(", ")
+                    ),
                 ));
             }
         }
@@ -499,7 +569,10 @@ max_steps = 10
 
     fn load(extra: &[&str]) -> Result<RunConfig> {
         let mut table: toml::Table = MINIMAL.parse().unwrap();
-        apply_overrides(&mut table, &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        apply_overrides(
+            &mut table,
+            &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )?;
         RunConfig::from_table(table)
     }
 
@@ -520,9 +593,13 @@ max_steps = 10
         assert!(e.contains("optimizer") && e.contains("lrr"), "{e}");
         let e = load(&["training.batch_size=0"]).unwrap_err().to_string();
         assert!(e.contains("training.batch_size"), "{e}");
-        let e = load(&["model.num_key_value_heads=3"]).unwrap_err().to_string();
+        let e = load(&["model.num_key_value_heads=3"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("model.num_key_value_heads"), "{e}");
-        let e = load(&["schedule.decay=\"wobbly\""]).unwrap_err().to_string();
+        let e = load(&["schedule.decay=\"wobbly\""])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("schedule.decay") && e.contains("wobbly"), "{e}");
         let e = load(&["extras.x=1"]).unwrap_err().to_string();
         assert!(e.contains("extras") && e.contains("unknown section"), "{e}");

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use qwen_burn_data::{
-    Batch, ChatOptions, Cursor, Prefetcher, PrepareOptions, SampleMode, SftDataset, SftSampler, Split, Tok,
-    TokenStore, WindowSampler, eval_batches, prepare,
+    Batch, ChatOptions, Cursor, Prefetcher, PrepareOptions, SampleMode, SftDataset, SftSampler,
+    Split, Tok, TokenStore, WindowSampler, eval_batches, prepare,
 };
 use sha2::{Digest, Sha256};
 
@@ -45,7 +45,11 @@ fn restore_cursor(value: &serde_json::Value) -> Result<Cursor> {
 
 impl DataPipeline {
     /// Open the data of `config`, positioned at `cursor` (the checkpoint's) if given.
-    pub fn new(config: &RunConfig, cursor: Option<&serde_json::Value>, vocab_size: usize) -> Result<Self> {
+    pub fn new(
+        config: &RunConfig,
+        cursor: Option<&serde_json::Value>,
+        vocab_size: usize,
+    ) -> Result<Self> {
         let d = &config.data;
         let t = &config.training;
         let tok = Tok::from_file(&d.tokenizer)?;
@@ -63,7 +67,10 @@ impl DataPipeline {
         let (prefetcher, val) = match d.kind.as_str() {
             "sft" => {
                 if d.inputs.len() != 1 {
-                    return Err(TrainError::config("data.inputs", "sft takes exactly one JSONL file"));
+                    return Err(TrainError::config(
+                        "data.inputs",
+                        "sft takes exactly one JSONL file",
+                    ));
                 }
                 let opts = ChatOptions {
                     seq_len: t.seq_len,
@@ -80,12 +87,19 @@ impl DataPipeline {
                     Some(path) => Arc::new(SftDataset::load(path, &tok, &opts)?),
                     None => train.clone(),
                 };
-                let rows: Vec<usize> = (0..val_set.len().min(t.eval_batches * t.batch_size)).collect();
-                let val = rows.chunks(t.batch_size).map(|r| val_set.batch(r)).collect();
+                let rows: Vec<usize> =
+                    (0..val_set.len().min(t.eval_batches * t.batch_size)).collect();
+                let val = rows
+                    .chunks(t.batch_size)
+                    .map(|r| val_set.batch(r))
+                    .collect();
                 (Prefetcher::sft(train, sampler, d.prefetch), val)
             }
             _ => {
-                let out = d.cache_dir.clone().unwrap_or_else(|| default_cache_dir(config, &tok));
+                let out = d
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| default_cache_dir(config, &tok));
                 let meta = prepare(&PrepareOptions {
                     inputs: d.inputs.clone(),
                     tokenizer: d.tokenizer.clone(),
@@ -105,7 +119,8 @@ impl DataPipeline {
                 } else {
                     SampleMode::Random
                 };
-                let mut sampler = WindowSampler::for_store(&train, t.batch_size, t.seq_len, mode, seed)?;
+                let mut sampler =
+                    WindowSampler::for_store(&train, t.batch_size, t.seq_len, mode, seed)?;
                 if let Some(c) = cursor {
                     sampler.restore(&restore_cursor(c)?)?;
                 }

@@ -45,7 +45,9 @@ pub enum TrainError {
     },
 
     /// `--resume` with a config whose architecture differs from the checkpoint's.
-    #[error("cannot resume from {path}: the model architecture differs from the checkpoint's:\n{diffs}")]
+    #[error(
+        "cannot resume from {path}: the model architecture differs from the checkpoint's:\n{diffs}"
+    )]
     ArchitectureChanged {
         /// Checkpoint directory.
         path: PathBuf,
@@ -54,7 +56,9 @@ pub enum TrainError {
     },
 
     /// The loss became NaN or infinite.
-    #[error("non-finite loss ({loss}) at step {step}; the run stopped and the last good checkpoint ({last_good}) is kept")]
+    #[error(
+        "non-finite loss ({loss}) at step {step}; the run stopped and the last good checkpoint ({last_good}) is kept"
+    )]
     NonFiniteLoss {
         /// Optimizer step (1-based) whose loss was bad.
         step: usize,
@@ -85,7 +89,11 @@ pub enum TrainError {
 pub type Result<T> = std::result::Result<T, TrainError>;
 
 impl TrainError {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
         Self::Io {
             action,
             path: path.into(),

@@ -27,7 +27,8 @@ impl MetricsLog {
         if let Some(last) = keep_until
             && path.exists()
         {
-            let reader = BufReader::new(File::open(&path).map_err(|e| TrainError::io("open", &path, e))?);
+            let reader =
+                BufReader::new(File::open(&path).map_err(|e| TrainError::io("open", &path, e))?);
             let kept: Vec<String> = reader
                 .lines()
                 .map_while(std::result::Result::ok)
@@ -65,7 +66,10 @@ impl MetricsLog {
 /// Read every record of a metrics file.
 pub fn read_metrics(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;
-    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
 }
 
 /// Peak FLOP/s (in TFLOP/s) assumed for MFU when `logging.peak_tflops` is not set.
@@ -88,7 +92,8 @@ pub fn default_peak_tflops(device: &str) -> f64 {
 /// Training FLOPs per token: `6 * active params + 12 * layers * heads * head_dim * seq`
 /// (Kaplan et al. 6N plus the attention term of PaLM appendix B).
 pub fn train_flops_per_token(config: &Qwen3Config, seq_len: usize) -> f64 {
-    6.0 * config.active_params_per_token() as f64 + 3.0 * config.attention_flops_per_token(seq_len) as f64
+    6.0 * config.active_params_per_token() as f64
+        + 3.0 * config.attention_flops_per_token(seq_len) as f64
 }
 
 /// Live progress.
@@ -102,8 +107,10 @@ impl Progress {
         let bar = std::io::stdout().is_terminal().then(|| {
             let bar = ProgressBar::new(total as u64);
             bar.set_style(
-                ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-                    .expect("valid template"),
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+                )
+                .expect("valid template"),
             );
             bar.set_position(start as u64);
             bar

@@ -32,11 +32,15 @@ pub fn build_optimizer<M: Module>(model: &M, cfg: &OptimizerConfig) -> ModuleOpt
             .with_epsilon(cfg.eps as f32)
             .with_weight_decay(weight_decay as f32)
     };
-    let mut ids = RankIds { vectors: Vec::new() };
+    let mut ids = RankIds {
+        vectors: Vec::new(),
+    };
     model.visit(&mut ids);
-    adamw(cfg.weight_decay)
-        .init()
-        .with_group(ParamGroup::from_ids(ids.vectors), adamw(0.0).build(), None)
+    adamw(cfg.weight_decay).init().with_group(
+        ParamGroup::from_ids(ids.vectors),
+        adamw(0.0).build(),
+        None,
+    )
 }
 
 struct SquaredNorm<'a> {
@@ -89,7 +93,11 @@ pub fn scale_grads<M: Module>(model: &M, grads: &mut GradientsParams, factor: f6
 
 /// `torch.nn.utils.clip_grad_norm_`: if the global norm exceeds `max_norm`, scale all gradients
 /// by `max_norm / (norm + 1e-6)`. Returns the norm before clipping.
-pub fn clip_global_norm<M: Module>(model: &M, grads: &mut GradientsParams, max_norm: f64) -> Result<f64> {
+pub fn clip_global_norm<M: Module>(
+    model: &M,
+    grads: &mut GradientsParams,
+    max_norm: f64,
+) -> Result<f64> {
     let norm = grad_norm(model, grads)?;
     if max_norm > 0.0 && norm > max_norm {
         scale_grads(model, grads, max_norm / (norm + 1e-6));

@@ -33,7 +33,14 @@ pub struct Series {
 }
 
 /// Draw curves into a PNG.
-pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], log_y: bool) -> Result<()> {
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    log_y: bool,
+) -> Result<()> {
     ensure_font();
     let err = |e: String| TrainError::Other(format!("plotting {}: {e}", path.display()));
     let points = series.iter().flat_map(|s| s.points.iter());
@@ -55,7 +62,16 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
     }
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK, RGBColor(255, 140, 0), RGBColor(128, 0, 128)];
+    let colors = [
+        BLUE,
+        RED,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        BLACK,
+        RGBColor(255, 140, 0),
+        RGBColor(128, 0, 128),
+    ];
     macro_rules! draw {
         ($chart:expr) => {{
             let mut chart = $chart;
@@ -67,13 +83,19 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
                 .map_err(|e| err(e.to_string()))?;
             for (i, s) in series.iter().enumerate() {
                 let color = colors[i % colors.len()];
-                let pts: Vec<(f64, f64)> =
-                    s.points.iter().copied().filter(|(_, y)| y.is_finite() && (!log_y || *y > 0.0)).collect();
+                let pts: Vec<(f64, f64)> = s
+                    .points
+                    .iter()
+                    .copied()
+                    .filter(|(_, y)| y.is_finite() && (!log_y || *y > 0.0))
+                    .collect();
                 chart
                     .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                     .map_err(|e| err(e.to_string()))?
                     .label(s.name.clone())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
             }
             chart
                 .configure_series_labels()
@@ -90,14 +112,18 @@ pub fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series
         .x_label_area_size(40)
         .y_label_area_size(70);
     if log_y {
-        draw!(builder
-            .build_cartesian_2d(x0..x1, (y0 * 0.95..y1 * 1.05).log_scale())
-            .map_err(|e| err(e.to_string()))?);
+        draw!(
+            builder
+                .build_cartesian_2d(x0..x1, (y0 * 0.95..y1 * 1.05).log_scale())
+                .map_err(|e| err(e.to_string()))?
+        );
     } else {
         let pad = (y1 - y0) * 0.05;
-        draw!(builder
-            .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
-            .map_err(|e| err(e.to_string()))?);
+        draw!(
+            builder
+                .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+                .map_err(|e| err(e.to_string()))?
+        );
     }
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
@@ -113,7 +139,10 @@ pub fn metric_points(records: &[Value], split: &str, field: &str) -> Vec<(f64, f
 }
 
 fn run_name(dir: &Path) -> String {
-    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string())
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().to_string(),
+    )
 }
 
 /// Write `loss.png` and `lr.png` (and `moe_load.png` for MoE runs) for one or more runs into
@@ -126,7 +155,11 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     for run in runs {
         let records = read_metrics(&run.join("metrics.jsonl"))?;
         let name = run_name(run);
-        let prefix = if runs.len() > 1 { format!("{name} ") } else { String::new() };
+        let prefix = if runs.len() > 1 {
+            format!("{name} ")
+        } else {
+            String::new()
+        };
         loss.push(Series {
             name: format!("{prefix}train"),
             points: metric_points(&records, "train", "loss"),
@@ -151,7 +184,12 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
             let points = records
                 .iter()
                 .filter(|r| r["split"] == "train")
-                .filter_map(|r| Some((r["step"].as_f64()?, r["moe"][layer]["max_over_mean_load"].as_f64()?)))
+                .filter_map(|r| {
+                    Some((
+                        r["step"].as_f64()?,
+                        r["moe"][layer]["max_over_mean_load"].as_f64()?,
+                    ))
+                })
                 .collect();
             load.push(Series {
                 name: format!("{prefix}layer {layer}"),
@@ -168,7 +206,14 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     written.push(path);
     if !load.is_empty() {
         let path = out_dir.join("moe_load.png");
-        line_chart(&path, "expert load imbalance", "step", "max / mean tokens per expert", &load, false)?;
+        line_chart(
+            &path,
+            "expert load imbalance",
+            "step",
+            "max / mean tokens per expert",
+            &load,
+            false,
+        )?;
         written.push(path);
     }
     Ok(written)

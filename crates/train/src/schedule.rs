@@ -8,7 +8,12 @@
 use crate::config::{OptimizerConfig, ScheduleConfig};
 
 /// Learning rate of optimizer step `step` (0-based) of a run of `max_steps` steps.
-pub fn learning_rate(step: usize, max_steps: usize, opt: &OptimizerConfig, sched: &ScheduleConfig) -> f64 {
+pub fn learning_rate(
+    step: usize,
+    max_steps: usize,
+    opt: &OptimizerConfig,
+    sched: &ScheduleConfig,
+) -> f64 {
     let (peak, floor) = (opt.lr, sched.min_lr);
     if step < sched.warmup_steps {
         return peak * (step + 1) as f64 / sched.warmup_steps as f64;

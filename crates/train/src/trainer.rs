@@ -17,14 +17,14 @@ use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::loss::cross_entropy_sum;
 use qwen_burn_model::{
-    Qwen3Config, Qwen3ForCausalLM, RouterStats, SamplingConfig, device_from_name, generate, load_balancing_loss,
-    router_z_loss,
+    Qwen3Config, Qwen3ForCausalLM, RouterStats, SamplingConfig, device_from_name, generate,
+    load_balancing_loss, router_z_loss,
 };
 use serde_json::json;
 
 use crate::checkpoint::{
-    FORMAT_VERSION, TrainState, apply_lora, apply_retention, latest_checkpoint, load_checkpoint_model, load_state,
-    remove_partial_checkpoints, save_checkpoint,
+    FORMAT_VERSION, TrainState, apply_lora, apply_retention, latest_checkpoint,
+    load_checkpoint_model, load_state, remove_partial_checkpoints, save_checkpoint,
 };
 use crate::config::{ModelSource, RunConfig};
 use crate::data::DataPipeline;
@@ -89,7 +89,10 @@ fn git_revision() -> String {
 }
 
 /// Batch tensors on `device`: inputs `[b, t]`, targets `[b, t]`, optional padding mask.
-pub fn batch_tensors(batch: &Batch, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>, Option<Tensor<2, Bool>>) {
+pub fn batch_tensors(
+    batch: &Batch,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2, Int>, Option<Tensor<2, Bool>>) {
     let (b, t) = (batch.batch_size, batch.seq_len);
     let inputs: Vec<i64> = batch.inputs.iter().map(|&i| i64::from(i)).collect();
     let inputs = Tensor::from_data(TensorData::new(inputs, [b, t]), device);
@@ -133,7 +136,12 @@ pub fn forward_backward(
         if let Some(moe) = &model.config.moe {
             let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
             let mask_f = mask.map(|m| m.float());
-            let aux = load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, mask_f.as_ref());
+            let aux = load_balancing_loss(
+                &logits,
+                moe.num_experts,
+                moe.num_experts_per_tok,
+                mask_f.as_ref(),
+            );
             if moe.router_aux_loss_coef > 0.0 {
                 loss = loss + aux.clone() * (moe.router_aux_loss_coef / k);
             }
@@ -144,10 +152,16 @@ pub fn forward_backward(
                 *z_total.get_or_insert(0.0) += read_scalar(z)? / k;
             }
             if counts.is_empty() {
-                counts = out.routers.iter().map(|r| vec![0; r.expert_counts.len()]).collect();
+                counts = out
+                    .routers
+                    .iter()
+                    .map(|r| vec![0; r.expert_counts.len()])
+                    .collect();
             }
             for (acc, r) in counts.iter_mut().zip(&out.routers) {
-                acc.iter_mut().zip(&r.expert_counts).for_each(|(a, c)| *a += c);
+                acc.iter_mut()
+                    .zip(&r.expert_counts)
+                    .for_each(|(a, c)| *a += c);
             }
             routers = out.routers;
         }
@@ -175,30 +189,47 @@ fn read_scalar(t: Tensor<1>) -> Result<f64> {
 
 /// Aux-loss-free balancing (DeepSeek-V3): after each optimizer step move each expert's routing
 /// bias by `rate * sign(mean_load - load_e)`, so overloaded experts become less likely picks.
-fn update_routing_biases(model: Qwen3ForCausalLM, counts: &[Vec<usize>], rate: f64) -> Qwen3ForCausalLM {
+fn update_routing_biases(
+    model: Qwen3ForCausalLM,
+    counts: &[Vec<usize>],
+    rate: f64,
+) -> Qwen3ForCausalLM {
     let mut model = model;
-    let mut moe_layers = model.model.layers.iter_mut().filter_map(|l| match &mut l.mlp {
-        FeedForward::Sparse(moe) => Some(moe),
-        FeedForward::Dense(_) => None,
-    });
+    let mut moe_layers = model
+        .model
+        .layers
+        .iter_mut()
+        .filter_map(|l| match &mut l.mlp {
+            FeedForward::Sparse(moe) => Some(moe),
+            FeedForward::Dense(_) => None,
+        });
     for layer_counts in counts {
         let Some(moe) = moe_layers.next() else { break };
-        let Some(bias) = moe.routing_bias.take() else { continue };
+        let Some(bias) = moe.routing_bias.take() else {
+            continue;
+        };
         let mean = layer_counts.iter().sum::<usize>() as f64 / layer_counts.len() as f64;
         let delta: Vec<f32> = layer_counts
             .iter()
             .map(|&c| {
                 let diff = mean - c as f64;
-                let sign = if diff > 0.0 { 1.0 } else if diff < 0.0 { -1.0 } else { 0.0 };
+                let sign = if diff > 0.0 {
+                    1.0
+                } else if diff < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
                 (rate * sign) as f32
             })
             .collect();
         let id = bias.id;
         let value = bias.val().detach();
         let device = value.device();
-        let updated = (value + Tensor::<1>::from_data(TensorData::new(delta, [layer_counts.len()]), &device))
-            .detach()
-            .set_require_grad(false);
+        let updated = (value
+            + Tensor::<1>::from_data(TensorData::new(delta, [layer_counts.len()]), &device))
+        .detach()
+        .set_require_grad(false);
         moe.routing_bias = Some(Param::initialized(id, updated).set_require_grad(false));
     }
     model
@@ -220,16 +251,16 @@ pub fn evaluate(model: &Qwen3ForCausalLM, batches: &[Batch], device: &Device) ->
 /// Build (or restore) the model for a run.
 fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> {
     let model = match &config.model {
-        ModelSource::Scratch(model_config) => {
-            init_weights(Qwen3ForCausalLM::new(model_config, device), config.training.seed)
-        }
+        ModelSource::Scratch(model_config) => init_weights(
+            Qwen3ForCausalLM::new(model_config, device),
+            config.training.seed,
+        ),
         ModelSource::Pretrained(path) => {
-            let loaded = if path.join("state.json").is_file() {
+            if path.join("state.json").is_file() {
                 load_checkpoint_model(path, device)?.materialize()
             } else {
                 Qwen3ForCausalLM::from_pretrained(path, device)?
-            };
-            loaded
+            }
         }
     };
     Ok(match &config.lora {
@@ -240,14 +271,17 @@ fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> 
 
 fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
     match &config.model {
-        ModelSource::Scratch(c) => Ok(c.clone()),
+        ModelSource::Scratch(c) => Ok((**c).clone()),
         ModelSource::Pretrained(path) => {
             if path.join("state.json").is_file() || path.join("config.json").is_file() {
                 Ok(Qwen3Config::from_file(&path.join("config.json"))?)
             } else {
                 Err(TrainError::config(
                     "model.from",
-                    format!("{} holds no config.json (expected an HF model directory or a checkpoint)", path.display()),
+                    format!(
+                        "{} holds no config.json (expected an HF model directory or a checkpoint)",
+                        path.display()
+                    ),
                 ))
             }
         }
@@ -277,7 +311,10 @@ pub fn architecture_diff(old: &Qwen3Config, new: &Qwen3Config) -> Vec<String> {
 
 /// Run (or resume) training as the config says.
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
-    let device_name = opts.device.clone().unwrap_or_else(|| config.training.device.clone());
+    let device_name = opts
+        .device
+        .clone()
+        .unwrap_or_else(|| config.training.device.clone());
     let device = device_from_name(&device_name)?.autodiff();
     let run_dir = &opts.run_dir;
     std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io("create directory", run_dir, e))?;
@@ -287,17 +324,20 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     // 1. Model, optimizer and state: fresh, or from the newest good checkpoint.
     remove_partial_checkpoints(run_dir);
     let resume_from = if opts.resume {
-        Some(latest_checkpoint(run_dir).ok_or_else(|| TrainError::Checkpoint {
-            path: run_dir.clone(),
-            reason: "--resume given but the run directory has no complete checkpoint".into(),
-        })?)
+        Some(
+            latest_checkpoint(run_dir).ok_or_else(|| TrainError::Checkpoint {
+                path: run_dir.clone(),
+                reason: "--resume given but the run directory has no complete checkpoint".into(),
+            })?,
+        )
     } else {
         if latest_checkpoint(run_dir).is_some() {
             return Err(TrainError::Checkpoint {
                 path: run_dir.clone(),
-                reason: "the run directory already has checkpoints; pass --resume to continue it or \
+                reason:
+                    "the run directory already has checkpoints; pass --resume to continue it or \
                          choose another --run-dir"
-                    .into(),
+                        .into(),
             });
         }
         None
@@ -316,7 +356,10 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
             if state.lora != config.lora {
                 return Err(TrainError::ArchitectureChanged {
                     path: dir.clone(),
-                    diffs: format!("  lora: checkpoint {:?} vs config {:?}", state.lora, config.lora),
+                    diffs: format!(
+                        "  lora: checkpoint {:?} vs config {:?}",
+                        state.lora, config.lora
+                    ),
                 });
             }
             let model = load_checkpoint_model(dir, &device)?;
@@ -352,9 +395,11 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let mut data = DataPipeline::new(config, cursor.as_ref(), model.config.vocab_size)?;
     if let Some(tok_path) = data.tokenizer_path() {
         let dest = run_dir.join("tokenizer.json");
-        std::fs::copy(tok_path, &dest).map_err(|e| TrainError::io("copy tokenizer to", &dest, e))?;
+        std::fs::copy(tok_path, &dest)
+            .map_err(|e| TrainError::io("copy tokenizer to", &dest, e))?;
     }
-    std::fs::write(run_dir.join("run.toml"), &run_toml).map_err(|e| TrainError::io("write", run_dir.join("run.toml"), e))?;
+    std::fs::write(run_dir.join("run.toml"), &run_toml)
+        .map_err(|e| TrainError::io("write", run_dir.join("run.toml"), e))?;
     model.config.save(run_dir)?;
 
     let keep_until = resume_from.as_ref().map(|_| state.step);
@@ -387,7 +432,11 @@ struct Loop<'a> {
 
 fn abort_after_step_hook(step: usize) {
     // Test hook: die without any cleanup right after step N (and its checkpoint), like `kill -9`.
-    if std::env::var("QWEN_BURN_ABORT_AFTER_STEP").ok().and_then(|v| v.parse().ok()) == Some(step) {
+    if std::env::var("QWEN_BURN_ABORT_AFTER_STEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        == Some(step)
+    {
         eprintln!("QWEN_BURN_ABORT_AFTER_STEP: aborting after step {step}");
         std::process::abort();
     }
@@ -405,7 +454,11 @@ impl Loop<'_> {
         let max_steps = t.max_steps;
         let model_config = model.config.clone();
         let flops_per_token = train_flops_per_token(&model_config, t.seq_len);
-        let peak = cfg.logging.peak_tflops.unwrap_or_else(|| default_peak_tflops(&self.device_name)) * 1e12;
+        let peak = cfg
+            .logging
+            .peak_tflops
+            .unwrap_or_else(|| default_peak_tflops(&self.device_name))
+            * 1e12;
         let progress = Progress::new(max_steps, state.step);
         progress.line(&format!(
             "training {} ({:.2}M params, {:.2}M active/token) on {} for {} steps, batch {}x{}x{} tokens, run dir {}",
@@ -420,7 +473,10 @@ impl Loop<'_> {
             self.run_dir.display()
         ));
         if state.step > 0 {
-            progress.line(&format!("resumed at step {} ({} tokens seen)", state.step, state.tokens_seen));
+            progress.line(&format!(
+                "resumed at step {} ({} tokens seen)",
+                state.step, state.tokens_seen
+            ));
         }
         let mut last_checkpoint: Option<PathBuf> = latest_checkpoint(&self.run_dir);
         let started = Instant::now();
@@ -428,7 +484,10 @@ impl Loop<'_> {
         let mut window_tokens = 0usize;
         let mut window_start = Instant::now();
         let mut tokens_this_process = 0usize;
-        let bias_rate = model_config.moe.as_ref().map_or(0.0, |m| m.router_bias_update_rate);
+        let bias_rate = model_config
+            .moe
+            .as_ref()
+            .map_or(0.0, |m| m.router_bias_update_rate);
 
         while state.step < max_steps {
             let step = state.step; // 0-based index of the step being taken
@@ -441,7 +500,11 @@ impl Loop<'_> {
             }
             let (mut grads, mut stats) = forward_backward(&model, &batches, &self.device)?;
             let total = stats.loss
-                + stats.aux_loss.unwrap_or(0.0) * model_config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
+                + stats.aux_loss.unwrap_or(0.0)
+                    * model_config
+                        .moe
+                        .as_ref()
+                        .map_or(0.0, |m| m.router_aux_loss_coef);
             if !stats.loss.is_finite() || !total.is_finite() {
                 return Err(TrainError::NonFiniteLoss {
                     step: step + 1,
@@ -467,7 +530,7 @@ impl Loop<'_> {
             // Metrics.
             let s = state.step;
             let last = s == max_steps;
-            if s % cfg.logging.interval == 0 || last || s == 1 {
+            if s.is_multiple_of(cfg.logging.interval) || last || s == 1 {
                 let secs = window_start.elapsed().as_secs_f64().max(1e-9);
                 let tps = window_tokens as f64 / secs;
                 let mfu = tps * flops_per_token / peak;
@@ -491,7 +554,11 @@ impl Loop<'_> {
                     mfu * 100.0
                 );
                 if let Some(aux) = stats.aux_loss {
-                    let imbalance = stats.routers.iter().map(|r| r.max_over_mean_load).fold(0.0, f64::max);
+                    let imbalance = stats
+                        .routers
+                        .iter()
+                        .map(|r| r.max_over_mean_load)
+                        .fold(0.0, f64::max);
                     line.push_str(&format!(" | aux {aux:.4} | max/mean load {imbalance:.2}"));
                 }
                 progress.line(&line);
@@ -500,24 +567,39 @@ impl Loop<'_> {
             }
             progress.step(s, &format!("loss {:.4}", stats.loss));
 
-            if (t.eval_interval > 0 && s % t.eval_interval == 0) || last {
+            // Evaluation, samples and checkpoints do not count against training throughput.
+            let side_work = Instant::now();
+            if (t.eval_interval > 0 && s.is_multiple_of(t.eval_interval)) || last {
                 let valid = model.valid();
-                let val_loss = evaluate(&valid, self.data.val_batches(), &self.device.clone().without_autodiff())?;
+                let val_loss = evaluate(
+                    &valid,
+                    self.data.val_batches(),
+                    &self.device.clone().without_autodiff(),
+                )?;
                 state.val_loss = Some(val_loss);
                 self.metrics
                     .write(&json!({"step": s, "split": "val", "loss": val_loss, "perplexity": val_loss.exp()}))?;
-                progress.line(&format!("step {s:>6} | val loss {val_loss:.4} | val ppl {:.2}", val_loss.exp()));
+                progress.line(&format!(
+                    "step {s:>6} | val loss {val_loss:.4} | val ppl {:.2}",
+                    val_loss.exp()
+                ));
             }
-            if t.sample_interval > 0 && (s % t.sample_interval == 0 || last) {
+            if t.sample_interval > 0 && (s.is_multiple_of(t.sample_interval) || last) {
                 self.sample(&model, s, &progress)?;
             }
-            if (cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0) || last {
+            if (cfg.checkpoint.interval > 0 && s.is_multiple_of(cfg.checkpoint.interval)) || last {
                 state.elapsed_secs = elapsed_before + started.elapsed().as_secs_f64();
-                let dir = save_checkpoint(&self.run_dir, &state, &model, &optimizer, &self.run_toml)?;
-                apply_retention(&self.run_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best)?;
+                let dir =
+                    save_checkpoint(&self.run_dir, &state, &model, &optimizer, &self.run_toml)?;
+                apply_retention(
+                    &self.run_dir,
+                    cfg.checkpoint.keep_last,
+                    cfg.checkpoint.keep_best,
+                )?;
                 progress.line(&format!("step {s:>6} | checkpoint {}", dir.display()));
                 last_checkpoint = Some(dir);
             }
+            window_start += side_work.elapsed();
             abort_after_step_hook(s);
         }
         progress.finish();
@@ -533,8 +615,14 @@ impl Loop<'_> {
 
     fn sample(&mut self, model: &Qwen3ForCausalLM, step: usize, progress: &Progress) -> Result<()> {
         let t = &self.config.training;
-        let Some(tok) = self.data.tokenizer() else { return Ok(()) };
-        let prompt_text = if t.sample_prompt.is_empty() { "\n" } else { t.sample_prompt.as_str() };
+        let Some(tok) = self.data.tokenizer() else {
+            return Ok(());
+        };
+        let prompt_text = if t.sample_prompt.is_empty() {
+            "\n"
+        } else {
+            t.sample_prompt.as_str()
+        };
         let mut prompt = tok.encode(prompt_text)?;
         if prompt.is_empty() {
             prompt = tok.eos_id().into_iter().collect();
@@ -551,14 +639,21 @@ impl Loop<'_> {
         };
         let out = generate(&valid, &prompt, &cfg, &device, |_| {})?;
         let text = tok.decode(&out.new_token_ids)?;
-        progress.line(&format!("step {step:>6} | sample: {}{}", prompt_text, text.replace('\n', " ")));
-        self.samples.write(&json!({"step": step, "prompt": prompt_text, "text": text}))?;
+        progress.line(&format!(
+            "step {step:>6} | sample: {}{}",
+            prompt_text,
+            text.replace('\n', " ")
+        ));
+        self.samples
+            .write(&json!({"step": step, "prompt": prompt_text, "text": text}))?;
         Ok(())
     }
 }
 
 /// Default run directory of a config file: `runs/<file stem>`.
 pub fn default_run_dir(config_path: &Path) -> PathBuf {
-    let stem = config_path.file_stem().map_or("run".into(), |s| s.to_string_lossy().to_string());
+    let stem = config_path
+        .file_stem()
+        .map_or("run".into(), |s| s.to_string_lossy().to_string());
     PathBuf::from("runs").join(stem)
 }

@@ -29,7 +29,9 @@ fn config(moe: bool) -> Qwen3Config {
 fn batch(rows: usize, t: usize, seed: u64) -> Batch {
     let mut s = seed;
     let mut next = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (s >> 40) as u32 % 64
     };
     let tokens: Vec<u32> = (0..rows * (t + 1)).map(|_| next()).collect();
@@ -97,7 +99,11 @@ fn check(moe: bool) {
         cmp.count, cmp.worst, s_small.loss, s_big.loss
     );
     assert!(cmp.count > 10);
-    assert!(cmp.worst <= 1e-5, "accumulated gradients differ by {}", cmp.worst);
+    assert!(
+        cmp.worst <= 1e-5,
+        "accumulated gradients differ by {}",
+        cmp.worst
+    );
     assert!((s_small.loss - s_big.loss).abs() <= 1e-5);
 }
 

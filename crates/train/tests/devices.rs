@@ -1,6 +1,8 @@
 //! The same tiny model and batches give the same losses on every compiled-in device
 //! (flex, ndarray, and wgpu with `--features wgpu`; on Mesa's lavapipe in CI).
 
+#![allow(deprecated)] // Device::ndarray: burn-ndarray is deprecated upstream but still a supported device here.
+
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
@@ -31,7 +33,9 @@ fn batch(seed: u64) -> Batch {
     let mut s = seed;
     let tokens: Vec<u32> = (0..b * (t + 1))
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (s >> 40) as u32 % 64
         })
         .collect();
@@ -78,9 +82,18 @@ fn compare(name: &str, device: Device, moe: bool) {
     let reference = losses(Device::flex(), moe);
     let other = losses(device, moe);
     let first = (reference[0] - other[0]).abs();
-    let worst = reference.iter().zip(&other).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    println!("{name} moe={moe}: flex {reference:?} vs {other:?}; first-step diff {first:.2e}, worst {worst:.2e}");
-    assert!(first <= 1e-5, "{name}: first-step loss differs from flex by {first}");
+    let worst = reference
+        .iter()
+        .zip(&other)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!(
+        "{name} moe={moe}: flex {reference:?} vs {other:?}; first-step diff {first:.2e}, worst {worst:.2e}"
+    );
+    assert!(
+        first <= 1e-5,
+        "{name}: first-step loss differs from flex by {first}"
+    );
     assert!(worst <= 1e-4, "{name}: losses drift from flex by {worst}");
 }
 
@@ -95,7 +108,9 @@ fn ndarray_matches_flex() {
 fn wgpu_matches_flex() {
     let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
     let probe = std::panic::catch_unwind(|| {
-        burn::tensor::Tensor::<1>::from_floats([1.0, 2.0], &device).sum().into_scalar::<f32>()
+        burn::tensor::Tensor::<1>::from_floats([1.0, 2.0], &device)
+            .sum()
+            .into_scalar::<f32>()
     });
     if probe.is_err() {
         println!("SKIPPED wgpu_matches_flex: no wgpu adapter available on this machine");

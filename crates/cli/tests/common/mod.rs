@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 /// A tiny dense or MoE run on one Shakespeare play, `steps` steps, checkpoint every `every`.
@@ -59,7 +62,9 @@ keep_last = 3
 [logging]
 interval = 1
 {extra}"#,
-        corpus = root.join("datasets/shakespeare/sonnets_gut.txt.gz").display(),
+        corpus = root
+            .join("datasets/shakespeare/sonnets_gut.txt.gz")
+            .display(),
         tok = root.join("datasets/tokenizer.json").display(),
         cache = dir.join("shards").display(),
     );

@@ -1,0 +1,153 @@
+"""Side by side: qwen-burn vs PyTorch (HF transformers) on the same machine, alternating.
+
+For each config (default: configs/bench-dense.toml, configs/bench-moe.toml) it builds the same
+architecture as Qwen3ForCausalLM / Qwen3MoeForCausalLM (eager attention, f32, CPU), trains on
+random tokens with AdamW (same betas, eps, weight decay), global-norm clipping and the config's
+batch shape, with torch.set_num_threads(THREADS), and times `qwen-burn bench train` on the same
+config; the two alternate ROUNDS times so background load hits both alike. Then it compares
+greedy decoding (HF generate with its KV cache vs `qwen-burn bench generate`).
+
+    /root/venv-hf/bin/python benches/compare_pytorch.py [--rounds 3] [--steps 5] [--configs ...]
+
+Prints one line per measurement and a summary with the ratios ours / PyTorch (> 1 = we are
+faster in tokens/s) and the machine load (1-minute load average) before each measurement.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+import tomllib
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("QWEN_BURN_BIN", os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "qwen-burn"))
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def hf_model(cfg):
+    m = dict(cfg["model"])
+    moe = m.pop("model_type") == "qwen3_moe"
+    common = dict(vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], intermediate_size=m["intermediate_size"],
+                  num_hidden_layers=m["num_hidden_layers"], num_attention_heads=m["num_attention_heads"],
+                  num_key_value_heads=m["num_key_value_heads"], head_dim=m["head_dim"],
+                  max_position_embeddings=m["max_position_embeddings"], rms_norm_eps=m["rms_norm_eps"],
+                  rope_theta=m["rope_theta"], tie_word_embeddings=m["tie_word_embeddings"],
+                  attn_implementation="eager")
+    if moe:
+        c = Qwen3MoeConfig(**common, num_experts=m["num_experts"], num_experts_per_tok=m["num_experts_per_tok"],
+                           moe_intermediate_size=m["moe_intermediate_size"], norm_topk_prob=m["norm_topk_prob"],
+                           router_aux_loss_coef=m["router_aux_loss_coef"], output_router_logits=True,
+                           decoder_sparse_step=1, mlp_only_layers=[])
+        try:
+            return Qwen3MoeForCausalLM(c, experts_implementation="eager") if False else Qwen3MoeForCausalLM(c)
+        except TypeError:
+            return Qwen3MoeForCausalLM(c)
+    return Qwen3ForCausalLM(Qwen3Config(**common))
+
+
+def torch_train(cfg, steps, warmup):
+    torch.manual_seed(0)
+    model = hf_model(cfg)
+    model.train()
+    o = cfg["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                            weight_decay=o["weight_decay"])
+    t = cfg["training"]
+    b, s, v = t["batch_size"], t["seq_len"], cfg["model"]["vocab_size"]
+    times = []
+    for i in range(warmup + steps):
+        ids = torch.randint(0, v, (b, s))
+        start = time.perf_counter()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    med = statistics.median(times)
+    return {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3}
+
+
+def ours_train(path, steps, warmup):
+    out = subprocess.run([BIN, "bench", "train", "--config", path, "--steps", str(steps), "--warmup", str(warmup), "--json"],
+                         check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def torch_generate(cfg, prompt_len, new_tokens):
+    torch.manual_seed(0)
+    model = hf_model(cfg).eval()
+    ids = torch.randint(0, cfg["model"]["vocab_size"], (1, prompt_len))
+    rates = []
+    with torch.no_grad():
+        for _ in range(3):
+            start = time.perf_counter()
+            model(ids)
+            prefill = time.perf_counter() - start
+            start = time.perf_counter()
+            out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 pad_token_id=0, eos_token_id=None)
+            total = time.perf_counter() - start
+            # generate() includes one prefill; the rest are decode steps.
+            rates.append((out.shape[1] - prompt_len - 1) / max(total - prefill, 1e-9))
+    return {"decode_tokens_per_sec": statistics.median(rates[1:])}
+
+
+def ours_generate(path, prompt_len, new_tokens):
+    out = subprocess.run([BIN, "bench", "generate", "--config", path, "--prompt-len", str(prompt_len),
+                          "--new-tokens", str(new_tokens), "--json"], check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="+", default=["configs/bench-dense.toml", "configs/bench-moe.toml"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; qwen-burn binary {BIN}")
+    summary = []
+    for path in args.configs:
+        with open(os.path.join(ROOT, path), "rb") as f:
+            cfg = tomllib.load(f)
+        ours, theirs = [], []
+        for r in range(args.rounds):
+            l0 = load()
+            o = ours_train(path, args.steps, args.warmup)
+            l1 = load()
+            t = torch_train(cfg, args.steps, args.warmup)
+            print(f"{path} round {r}: qwen-burn {o['tokens_per_sec']:.0f} tok/s ({o['step_ms_median']:.0f} ms/step, "
+                  f"load {l0:.2f}) | pytorch {t['tokens_per_sec']:.0f} tok/s ({t['step_ms_median']:.0f} ms/step, load {l1:.2f})",
+                  flush=True)
+            ours.append(o["tokens_per_sec"])
+            theirs.append(t["tokens_per_sec"])
+        ratio = statistics.median(ours) / statistics.median(theirs)
+        summary.append((f"train {path}", statistics.median(ours), statistics.median(theirs), ratio))
+        l0 = load()
+        og = ours_generate(path, args.prompt_len, args.new_tokens)
+        tg = torch_generate(cfg, args.prompt_len, args.new_tokens)
+        print(f"{path} decode: qwen-burn {og['decode_tokens_per_sec']:.0f} tok/s | HF generate "
+              f"{tg['decode_tokens_per_sec']:.0f} tok/s (load {l0:.2f})", flush=True)
+        summary.append((f"decode {path}", og["decode_tokens_per_sec"], tg["decode_tokens_per_sec"],
+                        og["decode_tokens_per_sec"] / tg["decode_tokens_per_sec"]))
+    print("\nsummary (tokens/s; ratio = qwen-burn / PyTorch)")
+    for name, o, t, ratio in summary:
+        print(f"  {name:40s} qwen-burn {o:8.0f}  pytorch {t:8.0f}  ratio {ratio:.2f}")
+    print(f"load average now {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+//! `qwen-burn init` and `qwen-burn batches`: hand a run's exact starting point to another
+//! framework (the cross-framework training check in `experiments/002-*` uses both).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_train::RunConfig;
+use qwen_burn_train::config::ModelSource;
+use qwen_burn_train::data::DataPipeline;
+
+#[derive(clap::Args, Debug)]
+pub struct InitArgs {
+    /// Run config whose [model] and training.seed to use.
+    #[arg(long)]
+    config: PathBuf,
+    /// Override a config value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Output HF model directory.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Write the initial weights `train` would start from, as an HF model directory.
+pub fn init(args: InitArgs) -> Result<()> {
+    let config = RunConfig::load(&args.config, &args.overrides)?;
+    let ModelSource::Scratch(model_config) = &config.model else {
+        bail!("init needs an inline [model] architecture");
+    };
+    let device = burn::tensor::Device::flex();
+    let model = init_weights(Qwen3ForCausalLM::new(model_config, &device), config.training.seed);
+    model.save_pretrained(&args.out)?;
+    println!("wrote the step-0 weights of {} to {}", args.config.display(), args.out.display());
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BatchesArgs {
+    /// Run config.
+    #[arg(long)]
+    config: PathBuf,
+    /// Override a config value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Optimizer steps to dump (each has training.grad_accum micro-batches).
+    #[arg(long)]
+    steps: usize,
+    /// Output JSONL: one line per micro-batch with `step`, `inputs` and `targets` ([B, T] rows).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Dump the training batches of the first `steps` steps, exactly as `train` consumes them.
+pub fn batches(args: BatchesArgs) -> Result<()> {
+    let config = RunConfig::load(&args.config, &args.overrides)?;
+    let vocab = match &config.model {
+        ModelSource::Scratch(c) => c.vocab_size,
+        ModelSource::Pretrained(dir) => qwen_burn_model::Qwen3Config::from_file(&dir.join("config.json"))?.vocab_size,
+    };
+    let mut data = DataPipeline::new(&config, None, vocab)?;
+    let file = std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for step in 1..=args.steps {
+        for _ in 0..config.training.grad_accum {
+            let (batch, _) = data.next_batch()?;
+            let rows = |flat: Vec<serde_json::Value>| -> Vec<Vec<serde_json::Value>> {
+                flat.chunks(batch.seq_len).map(<[_]>::to_vec).collect()
+            };
+            let record = serde_json::json!({
+                "step": step,
+                "inputs": rows(batch.inputs.iter().map(|&x| x.into()).collect()),
+                "targets": rows(batch.targets.iter().map(|&x| x.into()).collect()),
+                "attention_mask": batch.attention_mask.as_ref().map(|m| rows(m.iter().map(|&x| x.into()).collect())),
+            });
+            writeln!(out, "{record}").context("writing batches")?;
+        }
+    }
+    out.flush().context("writing batches")?;
+    println!("wrote {} steps of batches to {}", args.steps, args.out.display());
+    Ok(())
+}
