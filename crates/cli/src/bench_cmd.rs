@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::{Qwen3ForCausalLM, device_from_name};
 use qwen_burn_train::RunConfig;
-use qwen_burn_train::bench::{bench_generate, bench_train};
+use qwen_burn_train::bench::{bench_generate, bench_moe_layer, bench_train};
 use qwen_burn_train::config::ModelSource;
 
 #[derive(clap::Subcommand, Debug)]
@@ -28,6 +28,22 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2)]
         warmup: usize,
         /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One MoE layer (forward + backward): sparse dispatch vs the naive all-experts reference vs
+    /// a dense SwiGLU of the same active width.
+    Moe {
+        /// Run config with a qwen3_moe [model].
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, default_value = "flex")]
+        device: String,
+        /// Tokens in the batch.
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
         #[arg(long)]
         json: bool,
     },
@@ -84,6 +100,24 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let dev = device_from_name(&device)?;
             let result = bench_train(&run, model_config, &device, &dev, steps, warmup)?;
             print(&result, json);
+        }
+        BenchCmd::Moe {
+            config,
+            device,
+            tokens,
+            repeats,
+            json,
+        } => {
+            let run = RunConfig::load(&config, &[])
+                .with_context(|| format!("loading {}", config.display()))?;
+            let ModelSource::Scratch(model_config) = &run.model else {
+                bail!("bench moe needs an inline [model] architecture");
+            };
+            let dev = device_from_name(&device)?;
+            print(
+                &bench_moe_layer(model_config, &device, &dev, tokens, repeats)?,
+                json,
+            );
         }
         BenchCmd::Generate {
             config,

@@ -92,11 +92,26 @@ struct ExportArgs {
 #[derive(clap::Args, Debug)]
 struct PlotArgs {
     /// Run directories (several are overlaid).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "table")]
     runs: Vec<PathBuf>,
-    /// Output directory (default: RUN/plots for one run).
+    /// Output directory (default: RUN/plots for one run); with --table, the PNG file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Plot a JSONL table instead of runs: --x FIELD --y FIELD [--series FIELD].
+    #[arg(long, conflicts_with = "runs")]
+    table: Option<PathBuf>,
+    #[arg(long, requires = "table")]
+    x: Option<String>,
+    #[arg(long, requires = "table")]
+    y: Option<String>,
+    #[arg(long, requires = "table")]
+    series: Option<String>,
+    /// Title of a table plot.
+    #[arg(long, default_value = "")]
+    title: String,
+    /// Logarithmic y axis.
+    #[arg(long)]
+    log_y: bool,
 }
 
 fn train(args: TrainArgs) -> Result<()> {
@@ -162,6 +177,22 @@ fn export(args: ExportArgs) -> Result<()> {
 }
 
 fn plot(args: PlotArgs) -> Result<()> {
+    if let Some(table) = &args.table {
+        let (Some(x), Some(y), Some(out)) = (&args.x, &args.y, &args.out) else {
+            anyhow::bail!("--table needs --x FIELD, --y FIELD and --out FILE.png");
+        };
+        qwen_burn_train::plot::plot_table(
+            table,
+            x,
+            y,
+            args.series.as_deref(),
+            out,
+            &args.title,
+            args.log_y,
+        )?;
+        println!("wrote {}", out.display());
+        return Ok(());
+    }
     let out = match (&args.out, args.runs.as_slice()) {
         (Some(o), _) => o.clone(),
         (None, [one]) => one.join("plots"),

@@ -68,6 +68,9 @@ pub struct ScoreArgs {
     /// JSON file `{"input_ids": [[...], ...]}` with equal-length rows.
     #[arg(long)]
     pub tokens: PathBuf,
+    /// Also print the logits (flat, row-major `[b, t, vocab]`) under `logits`.
+    #[arg(long)]
+    pub dump_logits: bool,
 }
 
 /// Read `{"input_ids": [[...]]}` and check it against the vocabulary.
@@ -133,14 +136,28 @@ pub fn score_rows(
     b: usize,
     t: usize,
     device: &Device,
+    dump_logits: bool,
 ) -> Result<serde_json::Value> {
     let targets = targets_tensor(shift_targets(&ids, b, t), b, t, device);
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), device);
     let out = model.forward(input, None, None);
+    let dumped = if dump_logits {
+        Some(
+            out.logits
+                .clone()
+                .try_into_vec_as::<f32>()
+                .map_err(|e| anyhow::anyhow!("reading logits: {e:?}"))?,
+        )
+    } else {
+        None
+    };
     let n = b * (t - 1);
     let lm_loss = f64::from(cross_entropy_sum(out.logits, targets).into_scalar::<f32>()) / n as f64;
     let mut result =
         json!({"loss": lm_loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
+    if let Some(logits) = dumped {
+        result["logits"] = json!(logits);
+    }
     if let Some(moe) = &model.config.moe {
         let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
         let aux = f64::from(
@@ -158,7 +175,7 @@ pub fn score_rows(
 pub fn score(args: ScoreArgs) -> Result<()> {
     let (model, device) = args.model.load()?;
     let (ids, b, t) = read_token_rows(&args.tokens, model.config.vocab_size)?;
-    let result = score_rows(&model, ids, b, t, &device)?;
+    let result = score_rows(&model, ids, b, t, &device, args.dump_logits)?;
     println!("{result}");
     Ok(())
 }
@@ -179,6 +196,9 @@ pub struct EvalArgs {
     /// Windows per forward pass.
     #[arg(long, default_value_t = 4)]
     pub batch_size: usize,
+    /// Score at most the first N tokens of the text.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
 }
 
 pub fn eval(args: EvalArgs) -> Result<()> {
@@ -187,7 +207,10 @@ pub fn eval(args: EvalArgs) -> Result<()> {
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
     let text = qwen_burn_data::ingest::read_text_file(&args.text)
         .with_context(|| format!("reading {}", args.text.display()))?;
-    let ids = tok.encode(&text)?;
+    let mut ids = tok.encode(&text)?;
+    if let Some(max) = args.max_tokens {
+        ids.truncate(max);
+    }
     let context = args
         .context
         .unwrap_or(model.config.max_position_embeddings.min(1024));
@@ -209,7 +232,7 @@ pub fn eval(args: EvalArgs) -> Result<()> {
             .iter()
             .flat_map(|w| w.iter().map(|&i| i64::from(i)))
             .collect();
-        let r = score_rows(&model, flat, b, context + 1, &device)?;
+        let r = score_rows(&model, flat, b, context + 1, &device, false)?;
         let n = r["num_tokens"].as_u64().unwrap_or(0) as usize;
         total += r["lm_loss"].as_f64().unwrap_or(f64::NAN) * n as f64;
         count += n;

@@ -31,9 +31,16 @@ pub fn init(args: InitArgs) -> Result<()> {
         bail!("init needs an inline [model] architecture");
     };
     let device = burn::tensor::Device::flex();
-    let model = init_weights(Qwen3ForCausalLM::new(model_config, &device), config.training.seed);
+    let model = init_weights(
+        Qwen3ForCausalLM::new(model_config, &device),
+        config.training.seed,
+    );
     model.save_pretrained(&args.out)?;
-    println!("wrote the step-0 weights of {} to {}", args.config.display(), args.out.display());
+    println!(
+        "wrote the step-0 weights of {} to {}",
+        args.config.display(),
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -58,10 +65,13 @@ pub fn batches(args: BatchesArgs) -> Result<()> {
     let config = RunConfig::load(&args.config, &args.overrides)?;
     let vocab = match &config.model {
         ModelSource::Scratch(c) => c.vocab_size,
-        ModelSource::Pretrained(dir) => qwen_burn_model::Qwen3Config::from_file(&dir.join("config.json"))?.vocab_size,
+        ModelSource::Pretrained(dir) => {
+            qwen_burn_model::Qwen3Config::from_file(&dir.join("config.json"))?.vocab_size
+        }
     };
     let mut data = DataPipeline::new(&config, None, vocab)?;
-    let file = std::fs::File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let file = std::fs::File::create(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
     let mut out = std::io::BufWriter::new(file);
     for step in 1..=args.steps {
         for _ in 0..config.training.grad_accum {
@@ -79,6 +89,10 @@ pub fn batches(args: BatchesArgs) -> Result<()> {
         }
     }
     out.flush().context("writing batches")?;
-    println!("wrote {} steps of batches to {}", args.steps, args.out.display());
+    println!(
+        "wrote {} steps of batches to {}",
+        args.steps,
+        args.out.display()
+    );
     Ok(())
 }

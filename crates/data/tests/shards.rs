@@ -189,7 +189,10 @@ fn shipped_corpus_prepares_into_one_document_per_work() {
     let dir = tempfile::tempdir().unwrap();
     let opts = PrepareOptions {
         val_fraction: 0.05,
-        ..prep_opts(vec![datasets()], dir.path())
+        ..prep_opts(
+            vec![datasets().join("austen"), datasets().join("shakespeare")],
+            dir.path(),
+        )
     };
     let meta = prepare(&opts).unwrap();
     assert_eq!(meta.sources.len(), 48, "6 novels + 42 plays, no .md files");

@@ -147,6 +147,40 @@ impl SparseMoe {
     }
 }
 
+/// Reference MoE computation: every expert on every token, weighted by a dense `[n, E]` routing
+/// matrix that is zero outside each token's top-k. Same result as [`SparseMoe::forward`]
+/// (tests check outputs and gradients to 1e-5) at `E / k` times the expert FLOPs; kept for
+/// tests and benchmarks.
+///
+/// # Shapes
+/// - `x`: `[b, t, hidden]` -> `[b, t, hidden]`
+pub fn naive_forward(moe: &SparseMoe, x: Tensor<3>) -> Tensor<3> {
+    let [b, t, h] = x.dims();
+    let (n, e) = (b * t, moe.num_experts());
+    let x = x.reshape([n, h]);
+    let probs = softmax(moe.gate.forward(x.clone()), 1);
+    let (w, idx) = match &moe.routing_bias {
+        None => probs.topk_with_indices(moe.top_k, 1),
+        Some(bias) => {
+            let (_, idx) = (probs.clone().detach() + bias.val().detach().unsqueeze::<2>())
+                .topk_with_indices(moe.top_k, 1);
+            (probs.gather(1, idx.clone()), idx)
+        }
+    };
+    let w = if moe.norm_topk_prob {
+        w.clone() / w.sum_dim(1)
+    } else {
+        w
+    };
+    let device = x.device();
+    let routing = Tensor::<2>::zeros([n, e], &device).scatter(1, idx, w, IndexingUpdateOp::Add);
+    let mut y = Tensor::<2>::zeros([n, h], &device);
+    for (i, expert) in moe.experts.iter().enumerate() {
+        y = y + expert.forward(x.clone()) * routing.clone().narrow(1, i, 1);
+    }
+    y.reshape([b, t, h])
+}
+
 /// HF `load_balancing_loss_func` (Switch / Mixtral / Qwen3-MoE), unweighted.
 ///
 /// The router logits of all MoE layers are concatenated as extra tokens, then

@@ -3,11 +3,10 @@
 
 #![allow(deprecated)] // Device::ndarray: burn-ndarray is deprecated upstream but still a supported device here.
 
-use burn::tensor::activation::softmax;
-use burn::tensor::{Device, IndexingUpdateOp, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::moe::SparseMoe;
+use qwen_burn_model::moe::{SparseMoe, naive_forward};
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use serde_json::json;
 
@@ -29,27 +28,6 @@ fn moe_layer(norm_topk_prob: bool, device: &Device) -> SparseMoe {
         FeedForward::Sparse(moe) => moe,
         FeedForward::Dense(_) => panic!("layer 0 must be MoE"),
     }
-}
-
-/// Every expert on every token, weighted by a dense `[n, E]` routing matrix.
-fn naive(moe: &SparseMoe, x: Tensor<3>) -> Tensor<3> {
-    let [b, t, h] = x.dims();
-    let (n, e) = (b * t, moe.num_experts());
-    let x = x.reshape([n, h]);
-    let probs = softmax(moe.gate.forward(x.clone()), 1);
-    let (w, idx) = probs.topk_with_indices(moe.top_k, 1);
-    let w = if moe.norm_topk_prob {
-        w.clone() / w.sum_dim(1)
-    } else {
-        w
-    };
-    let device = x.device();
-    let routing = Tensor::<2>::zeros([n, e], &device).scatter(1, idx, w, IndexingUpdateOp::Add);
-    let mut y = Tensor::<2>::zeros([n, h], &device);
-    for (i, expert) in moe.experts.iter().enumerate() {
-        y = y + expert.forward(x.clone()) * routing.clone().narrow(1, i, 1);
-    }
-    y.reshape([b, t, h])
 }
 
 fn max_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
@@ -78,7 +56,7 @@ fn check(device: Device, norm_topk_prob: bool) {
     let r = random([3, 5, 24], 12, &device);
 
     let (sparse, router) = moe.forward(x.clone());
-    let dense = naive(&moe, x.clone());
+    let dense = naive_forward(&moe, x.clone());
     let out_diff = max_diff(sparse.clone(), dense.clone());
     assert_eq!(router.expert_counts.iter().sum::<usize>(), 3 * 5 * 2);
     assert!(out_diff <= TOL, "outputs differ by {out_diff}");

@@ -174,3 +174,74 @@ pub fn bench_generate(
     result["peak_rss_mb"] = json!(peak_rss_mb());
     Ok(result)
 }
+
+/// One MoE layer's forward + backward, three ways: sparse dispatch, the naive all-experts
+/// reference, and a dense SwiGLU with the same active width (`k * moe_intermediate_size`).
+pub fn bench_moe_layer(
+    model_config: &Qwen3Config,
+    device_name: &str,
+    device: &Device,
+    tokens: usize,
+    repeats: usize,
+) -> Result<Value> {
+    use burn::tensor::{Distribution, Tensor};
+    use qwen_burn_model::block::FeedForward;
+    use qwen_burn_model::mlp::Mlp;
+    use qwen_burn_model::moe::naive_forward;
+
+    let Some(moe_cfg) = &model_config.moe else {
+        return Err(crate::error::TrainError::config(
+            "model.model_type",
+            "bench moe needs a qwen3_moe config",
+        ));
+    };
+    let device = device.clone().autodiff();
+    let model = init_weights(Qwen3ForCausalLM::new(model_config, &device), 0);
+    let Some(moe) = model.model.layers.into_iter().find_map(|l| match l.mlp {
+        FeedForward::Sparse(m) => Some(m),
+        FeedForward::Dense(_) => None,
+    }) else {
+        return Err(crate::error::TrainError::config(
+            "model",
+            "no MoE layer in this config",
+        ));
+    };
+    let h = model_config.hidden_size;
+    let dense = Mlp::new(
+        h,
+        moe_cfg.num_experts_per_tok * moe_cfg.moe_intermediate_size,
+        0.02,
+        &device,
+    );
+    let x = Tensor::<3>::random([1, tokens, h], Distribution::Normal(0.0, 1.0), &device);
+    let time = |f: &dyn Fn() -> Tensor<3>| -> f64 {
+        let mut ts = Vec::new();
+        for i in 0..repeats + 1 {
+            let start = Instant::now();
+            let y = f();
+            let _grads = y.sum().backward();
+            device.sync().ok();
+            if i > 0 {
+                ts.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        median(&mut ts)
+    };
+    let sparse_ms = time(&|| moe.forward(x.clone().require_grad()).0);
+    let naive_ms = time(&|| naive_forward(&moe, x.clone().require_grad()));
+    let dense_ms = time(&|| dense.forward(x.clone().require_grad()));
+    Ok(json!({
+        "bench": "moe_layer",
+        "device": device_name,
+        "tokens": tokens,
+        "hidden": h,
+        "experts": moe_cfg.num_experts,
+        "top_k": moe_cfg.num_experts_per_tok,
+        "moe_intermediate_size": moe_cfg.moe_intermediate_size,
+        "sparse_fwd_bwd_ms": sparse_ms,
+        "naive_fwd_bwd_ms": naive_ms,
+        "dense_equal_active_fwd_bwd_ms": dense_ms,
+        "sparse_over_dense": sparse_ms / dense_ms,
+        "naive_over_sparse": naive_ms / sparse_ms,
+    }))
+}

@@ -12,6 +12,7 @@ pub mod data;
 pub mod error;
 pub mod metrics;
 pub mod optim;
+pub mod parallel;
 pub mod plot;
 pub mod schedule;
 pub mod trainer;

@@ -218,3 +218,44 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     }
     Ok(written)
 }
+
+/// Plot any JSONL table: one curve per distinct value of `series_field`, `x_field` against
+/// `y_field` (experiments use it for results that are not per-step, e.g. perplexity against
+/// context length).
+pub fn plot_table(
+    table: &Path,
+    x_field: &str,
+    y_field: &str,
+    series_field: Option<&str>,
+    out: &Path,
+    title: &str,
+    log_y: bool,
+) -> Result<()> {
+    let records = read_metrics(table)?;
+    let mut series: Vec<Series> = Vec::new();
+    for r in &records {
+        let (Some(x), Some(y)) = (r[x_field].as_f64(), r[y_field].as_f64()) else {
+            continue;
+        };
+        let name = series_field
+            .map(|f| match &r[f] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| y_field.to_string());
+        match series.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.points.push((x, y)),
+            None => series.push(Series {
+                name,
+                points: vec![(x, y)],
+            }),
+        }
+    }
+    for s in &mut series {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create directory", dir, e))?;
+    }
+    line_chart(out, title, x_field, y_field, &series, log_y)
+}

@@ -31,6 +31,7 @@ use crate::data::DataPipeline;
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsLog, Progress, default_peak_tflops, train_flops_per_token};
 use crate::optim::{build_optimizer, clip_global_norm};
+use crate::parallel::Replicas;
 use crate::schedule::learning_rate;
 
 /// How to launch a run (what the CLI flags say).
@@ -119,8 +120,22 @@ pub fn forward_backward(
     batches: &[Batch],
     device: &Device,
 ) -> Result<(GradientsParams, StepStats)> {
-    let total_targets: usize = batches.iter().map(count_targets).sum::<usize>().max(1);
-    let k = batches.len() as f64;
+    let total_targets = batches.iter().map(count_targets).sum::<usize>();
+    forward_backward_part(model, batches, device, total_targets, batches.len())
+}
+
+/// [`forward_backward`] over a part of a step (one device's share under data parallelism):
+/// losses are normalised by the whole step's `total_targets` and `total_micro` micro-batches,
+/// so the parts' gradients and statistics add up to the whole step's.
+pub fn forward_backward_part(
+    model: &Qwen3ForCausalLM,
+    batches: &[Batch],
+    device: &Device,
+    total_targets: usize,
+    total_micro: usize,
+) -> Result<(GradientsParams, StepStats)> {
+    let total_targets = total_targets.max(1);
+    let k = total_micro.max(1) as f64;
     let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
     let mut ce_total = 0.0f64;
     let (mut aux_total, mut z_total) = (None::<f64>, None::<f64>);
@@ -179,6 +194,31 @@ pub fn forward_backward(
         expert_counts: counts,
     };
     Ok((accumulator.grads(), stats))
+}
+
+impl StepStats {
+    /// Add another part of the same step (see [`forward_backward_part`]).
+    pub fn merge(mut self, other: StepStats) -> StepStats {
+        let add = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+        self.loss += other.loss;
+        self.aux_loss = add(self.aux_loss, other.aux_loss);
+        self.z_loss = add(self.z_loss, other.z_loss);
+        self.tokens += other.tokens;
+        if self.expert_counts.is_empty() {
+            self.expert_counts = other.expert_counts;
+        } else {
+            for (a, b) in self.expert_counts.iter_mut().zip(&other.expert_counts) {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+            }
+        }
+        if self.routers.is_empty() {
+            self.routers = other.routers;
+        }
+        self
+    }
 }
 
 fn read_scalar(t: Tensor<1>) -> Result<f64> {
@@ -315,7 +355,22 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         .device
         .clone()
         .unwrap_or_else(|| config.training.device.clone());
-    let device = device_from_name(&device_name)?.autodiff();
+    // `cuda:0,cuda:1` (or `flex,flex`: two threads on one CPU) trains data-parallel.
+    let devices = device_name
+        .split(',')
+        .map(|name| Ok(device_from_name(name.trim())?.autodiff()))
+        .collect::<Result<Vec<_>>>()?;
+    if !config.training.grad_accum.is_multiple_of(devices.len()) {
+        return Err(TrainError::config(
+            "training.grad_accum",
+            format!(
+                "must be a multiple of the number of devices ({}) so each device gets whole micro-batches",
+                devices.len()
+            ),
+        ));
+    }
+    let replicas = Replicas::new(devices);
+    let device = replicas.main().clone();
     let run_dir = &opts.run_dir;
     std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io("create directory", run_dir, e))?;
     let run_toml = toml::to_string_pretty(&config.table).expect("config serialises");
@@ -408,6 +463,7 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let summary = Loop {
         config,
         device,
+        replicas,
         device_name,
         run_dir: run_dir.clone(),
         run_toml,
@@ -422,6 +478,7 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
 struct Loop<'a> {
     config: &'a RunConfig,
     device: Device,
+    replicas: Replicas,
     device_name: String,
     run_dir: PathBuf,
     run_toml: String,
@@ -454,11 +511,21 @@ impl Loop<'_> {
         let max_steps = t.max_steps;
         let model_config = model.config.clone();
         let flops_per_token = train_flops_per_token(&model_config, t.seq_len);
+        // Several CPU "devices" share the same cores; several GPUs add up.
+        let distinct: std::collections::BTreeSet<&str> =
+            self.device_name.split(',').map(str::trim).collect();
+        let first = self.device_name.split(',').next().unwrap_or("flex").trim();
+        let gpus = if first.starts_with("cuda") || first == "wgpu" {
+            distinct.len() as f64
+        } else {
+            1.0
+        };
         let peak = cfg
             .logging
             .peak_tflops
-            .unwrap_or_else(|| default_peak_tflops(&self.device_name))
-            * 1e12;
+            .unwrap_or_else(|| default_peak_tflops(first))
+            * 1e12
+            * gpus;
         let progress = Progress::new(max_steps, state.step);
         progress.line(&format!(
             "training {} ({:.2}M params, {:.2}M active/token) on {} for {} steps, batch {}x{}x{} tokens, run dir {}",
@@ -498,7 +565,7 @@ impl Loop<'_> {
                 batches.push(batch);
                 cursor = c;
             }
-            let (mut grads, mut stats) = forward_backward(&model, &batches, &self.device)?;
+            let (mut grads, mut stats) = self.replicas.step(&model, &batches)?;
             let total = stats.loss
                 + stats.aux_loss.unwrap_or(0.0)
                     * model_config
