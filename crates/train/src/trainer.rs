@@ -556,6 +556,22 @@ impl Loop<'_> {
             .as_ref()
             .map_or(0.0, |m| m.router_bias_update_rate);
 
+        if state.step == 0 && t.eval_interval > 0 {
+            // The starting point of the validation curve.
+            let val_loss = evaluate(
+                &model.valid(),
+                self.data.val_batches(),
+                &self.device.clone().without_autodiff(),
+            )?;
+            self.metrics.write(
+                &json!({"step": 0, "split": "val", "loss": val_loss, "perplexity": val_loss.exp()}),
+            )?;
+            progress.line(&format!(
+                "step {:>6} | val loss {val_loss:.4} | val ppl {:.2}",
+                0,
+                val_loss.exp()
+            ));
+        }
         while state.step < max_steps {
             let step = state.step; // 0-based index of the step being taken
             let mut batches = Vec::with_capacity(t.grad_accum);
