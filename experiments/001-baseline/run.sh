@@ -4,6 +4,6 @@
 set -euo pipefail
 D=experiments/001-baseline
 rm -rf runs/tiny
-cargo run --release -- train --config configs/tiny.toml 2>&1 | tee $D/train.log
-cargo run --release -- plot runs/tiny --out $D/plots
+${QB:-cargo run --release --} train --config configs/tiny.toml 2>&1 | tee $D/train.log
+${QB:-cargo run --release --} plot runs/tiny --out $D/plots
 cp runs/tiny/samples.jsonl $D/samples.jsonl

@@ -5,7 +5,7 @@
 set -euo pipefail
 D=experiments/003-moe
 OUT=runs/exp003
-QB="cargo run --release --quiet --"
+QB=${QB:-"cargo run --release --quiet --"}   # or QB=path/to/qwen-burn
 rm -rf $OUT
 $QB train --config $D/dense.toml --run-dir $OUT/dense_active
 $QB train --config $D/dense.toml --run-dir $OUT/dense_total --set model.intermediate_size=1024

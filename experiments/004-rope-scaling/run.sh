@@ -5,7 +5,7 @@
 set -euo pipefail
 D=experiments/004-rope-scaling
 OUT=runs/exp004
-QB="cargo run --release --quiet --"
+QB=${QB:-"cargo run --release --quiet --"}   # or QB=path/to/qwen-burn
 TEXT=datasets/austen/austen_persuasion.txt.gz
 rm -rf $OUT && mkdir -p $OUT
 $QB train --config $D/config.toml --run-dir $OUT/run
