@@ -109,7 +109,7 @@ struct PlotArgs {
     /// Title of a table plot.
     #[arg(long, default_value = "")]
     title: String,
-    /// Logarithmic y axis.
+    /// Logarithmic y axis (when the values span at least a factor of 10; else linear).
     #[arg(long)]
     log_y: bool,
 }

@@ -1,12 +1,12 @@
 //! `score`, `eval`, `generate` and `export`: commands that run a trained or imported model.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::tokenizer::Tok;
-use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor};
+use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor, token_nll};
 use qwen_burn_model::{
     Qwen3ForCausalLM, SamplingConfig, device_from_name, generate, load_balancing_loss,
 };
@@ -190,7 +190,7 @@ pub struct EvalArgs {
     /// tokenizer.json (default: next to the model).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Window length (default: the model's max_position_embeddings, at most 1024).
+    /// Tokens per window (default: the model's max_position_embeddings, at most 1024).
     #[arg(long)]
     pub context: Option<usize>,
     /// Windows per forward pass.
@@ -199,6 +199,10 @@ pub struct EvalArgs {
     /// Score at most the first N tokens of the text.
     #[arg(long)]
     pub max_tokens: Option<usize>,
+    /// Also report the loss by position inside the window, in buckets of N positions
+    /// (`loss_by_position`): shows how a model does beyond the context it was trained at.
+    #[arg(long)]
+    pub bucket: Option<usize>,
 }
 
 pub fn eval(args: EvalArgs) -> Result<()> {
@@ -214,36 +218,69 @@ pub fn eval(args: EvalArgs) -> Result<()> {
     let context = args
         .context
         .unwrap_or(model.config.max_position_embeddings.min(1024));
-    if ids.len() < context + 1 {
+    if context < 2 {
+        bail!("--context must be at least 2 tokens (got {context})");
+    }
+    if ids.len() < context {
         bail!(
             "{} has {} tokens, fewer than one window of {} (lower --context)",
             args.text.display(),
             ids.len(),
-            context + 1
+            context
         );
     }
-    // Non-overlapping windows of context+1 tokens; every window scores `context` predictions.
-    let windows: Vec<&[u32]> = ids.chunks_exact(context + 1).collect();
-    let mut total = 0.0f64;
-    let mut count = 0usize;
+    // Non-overlapping windows of exactly `context` tokens (the model sees positions
+    // 0..context-1); every window scores its context-1 next-token predictions.
+    let windows: Vec<&[u32]> = ids.chunks_exact(context).collect();
+    let bucket = args.bucket.unwrap_or(context).max(1);
+    let num_buckets = (context - 1).div_ceil(bucket);
+    // Sums and counts per bucket of predicted positions 1..context-1 (position p predicts
+    // token p from tokens 0..p-1, so bucket k covers positions k*bucket+1 ..= (k+1)*bucket).
+    let mut sums = vec![0.0f64; num_buckets];
+    let mut counts = vec![0usize; num_buckets];
+    let show = std::io::stderr().is_terminal();
     for group in windows.chunks(args.batch_size.max(1)) {
         let b = group.len();
         let flat: Vec<i64> = group
             .iter()
             .flat_map(|w| w.iter().map(|&i| i64::from(i)))
             .collect();
-        let r = score_rows(&model, flat, b, context + 1, &device, false)?;
-        let n = r["num_tokens"].as_u64().unwrap_or(0) as usize;
-        total += r["lm_loss"].as_f64().unwrap_or(f64::NAN) * n as f64;
-        count += n;
-        eprint!("\reval: {count} tokens scored");
+        let targets = targets_tensor(shift_targets(&flat, b, context), b, context, &device);
+        let input = Tensor::<2, Int>::from_data(TensorData::new(flat, [b, context]), &device);
+        let logits = model.forward(input, None, None).logits;
+        let nll = token_nll(logits, targets)
+            .try_into_vec_as::<f32>()
+            .map_err(|e| anyhow::anyhow!("reading losses: {e:?}"))?;
+        for row in nll.chunks_exact(context) {
+            for (p, &x) in row[..context - 1].iter().enumerate() {
+                sums[p / bucket] += f64::from(x);
+                counts[p / bucket] += 1;
+            }
+        }
+        if show {
+            eprint!(
+                "\reval: {} predictions scored",
+                counts.iter().sum::<usize>()
+            );
+        }
     }
-    eprintln!();
-    let loss = total / count as f64;
-    println!(
-        "{}",
-        json!({"loss": loss, "perplexity": loss.exp(), "tokens": count, "windows": windows.len(), "context": context})
-    );
+    if show {
+        eprintln!();
+    }
+    let count: usize = counts.iter().sum();
+    let loss = sums.iter().sum::<f64>() / count as f64;
+    let mut result = json!({"loss": loss, "perplexity": loss.exp(), "tokens": count, "windows": windows.len(), "context": context});
+    if args.bucket.is_some() {
+        result["loss_by_position"] = sums
+            .iter()
+            .zip(&counts)
+            .enumerate()
+            .map(|(k, (s, &n))| {
+                json!({"from": k * bucket + 1, "to": ((k + 1) * bucket).min(context - 1), "loss": s / n as f64})
+            })
+            .collect();
+    }
+    println!("{result}");
     Ok(())
 }
 
@@ -295,9 +332,9 @@ pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
     };
     let mut stop_tokens = model.config.eos_token_id.clone();
     if stop_tokens.is_empty()
-        && let Some(eos) = tok.as_ref().and_then(Tok::eos_id)
+        && let Some(tok) = &tok
     {
-        stop_tokens.push(eos);
+        stop_tokens = tok.stop_ids();
     }
     if args.ignore_eos {
         stop_tokens.clear();

@@ -149,4 +149,30 @@ fn full_finetune_from_a_checkpoint() {
         first < fresh - 0.01,
         "fine-tune starts at {first}, the fresh model was at {fresh}"
     );
+    // `from` naming the run directory means its newest checkpoint: the same first loss.
+    let ft_cfg2 = tmp.path().join("ft2.toml");
+    std::fs::write(
+        &ft_cfg2,
+        format!("[model]\nfrom = \"{}\"\n{rest}", base.display()),
+    )
+    .unwrap();
+    let ft2 = tmp.path().join("ft2");
+    ok(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&ft_cfg2),
+            "--run-dir",
+            s(&ft2),
+            "--max-steps",
+            "2",
+        ],
+        &[],
+    ));
+    let first2 = train_losses(&ft2)[0].1;
+    assert_eq!(
+        first2.to_bits(),
+        first.to_bits(),
+        "run dir {first2} vs checkpoint {first}"
+    );
 }

@@ -109,6 +109,18 @@ impl Tok {
         self.eos
     }
 
+    /// Tokens that end a generation: the document separator and, when the vocabulary has it,
+    /// the chat turn end `<|im_end|>` (what Qwen3's `generation_config.json` lists).
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.eos.into_iter().collect();
+        if let Some(im_end) = self.token_id("<|im_end|>")
+            && !ids.contains(&im_end)
+        {
+            ids.push(im_end);
+        }
+        ids
+    }
+
     /// The document separator, or an error naming the tokenizer file.
     pub fn require_eos(&self) -> Result<u32> {
         self.eos.ok_or_else(|| DataError::MissingToken {

@@ -14,6 +14,8 @@ fn qwen3_encodes_hello_world_to_reference_ids_and_back() {
     assert_eq!(tok.decode(&ids).unwrap(), "Hello world!");
     assert_eq!(tok.eos_id(), Some(151643));
     assert_eq!(tok.token_id("<|im_start|>"), Some(151644));
+    // Qwen3's generation_config.json stops on both.
+    assert_eq!(tok.stop_ids(), vec![151643, 151645]);
     assert_eq!(tok.vocab_size(), 151669);
     // PROVENANCE.md records this hash of the file.
     assert_eq!(
@@ -31,6 +33,7 @@ fn qwen3_encodes_hello_world_to_reference_ids_and_back() {
 fn gpt2_loads_with_endoftext() {
     let tok = Tok::from_file(&gpt2_path()).unwrap();
     assert_eq!(tok.eos_id(), Some(50256));
+    assert_eq!(tok.stop_ids(), vec![50256]);
     assert_eq!(tok.vocab_size(), 50257);
     let text = "The quick brown fox.";
     assert_eq!(tok.decode(&tok.encode(text).unwrap()).unwrap(), text);

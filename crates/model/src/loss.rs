@@ -62,6 +62,17 @@ pub fn cross_entropy_sum_reference(logits: Tensor<3>, targets: Tensor<2, Int>) -
     (nll * valid).sum()
 }
 
+/// Per-position negative log-likelihood `[b, t]` (0 where the target is ignored), for
+/// evaluation: perplexity by position, per-document losses. Not for training (no fused gradient).
+pub fn token_nll(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<2> {
+    let [b, t, v] = logits.dims();
+    let targets = targets.reshape([b * t]);
+    let valid = targets.clone().greater_equal_elem(0).float();
+    let safe = targets.clamp_min(0).reshape([b * t, 1]);
+    let logp = log_softmax(logits.reshape([b * t, v]), 1);
+    (logp.gather(1, safe).reshape([b * t]).neg() * valid).reshape([b, t])
+}
+
 /// Shift `input_ids` left by one into next-token targets, `-100` in the last column
 /// (what HF does for `labels=input_ids`). Rows are row-major `[b, t]`.
 pub fn shift_targets(input_ids: &[i64], b: usize, t: usize) -> Vec<i64> {
@@ -105,5 +116,33 @@ mod tests {
         let gb = logits.grad(&(reference * 0.5).backward()).unwrap();
         let diff = (ga - gb).abs().max().into_scalar::<f32>();
         assert!(diff <= 1e-6, "gradient differs by {diff}");
+    }
+
+    #[test]
+    fn token_nll_sums_to_the_cross_entropy_and_zeroes_ignored_positions() {
+        let device = Device::flex();
+        let logits = Tensor::<3>::random([2, 5, 11], Distribution::Normal(0.0, 3.0), &device);
+        let targets = vec![3i64, 0, 10, -100, 7, 1, 1, -100, 4, 9];
+        let t = || Tensor::<2, Int>::from_data(TensorData::new(targets.clone(), [2, 5]), &device);
+        let per = token_nll(logits.clone(), t())
+            .try_into_vec_as::<f32>()
+            .unwrap();
+        assert_eq!(per.len(), 10);
+        assert_eq!(
+            (per[3], per[7]),
+            (0.0, 0.0),
+            "ignored positions must be 0: {per:?}"
+        );
+        assert!(
+            per.iter()
+                .enumerate()
+                .all(|(i, &x)| i == 3 || i == 7 || x > 0.0)
+        );
+        let total: f32 = per.iter().sum();
+        let reference = cross_entropy_sum_reference(logits, t()).into_scalar::<f32>();
+        assert!(
+            (total - reference).abs() <= 1e-5 * reference,
+            "{total} vs {reference}"
+        );
     }
 }

@@ -237,23 +237,53 @@ pub fn load_checkpoint_model(dir: &Path, device: &Device) -> Result<Qwen3ForCaus
         })
 }
 
-/// Load a model for inference from an HF directory, a checkpoint directory, or a run directory
-/// (its newest checkpoint). LoRA adapters are merged.
-pub fn load_model_any(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
-    let model = if path.join("state.json").is_file() {
-        load_checkpoint_model(path, device)?
+/// What a model path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelDir {
+    /// One of our checkpoints (`state.json` + `model.bpk`).
+    Checkpoint(PathBuf),
+    /// An HF model directory (`config.json` + safetensors).
+    Hf(PathBuf),
+}
+
+impl ModelDir {
+    /// The `config.json` of the model.
+    pub fn config_path(&self) -> PathBuf {
+        match self {
+            ModelDir::Checkpoint(p) | ModelDir::Hf(p) => p.join("config.json"),
+        }
+    }
+}
+
+/// Resolve a model path: a checkpoint directory, a run directory (its newest checkpoint), or an
+/// HF model directory, in that order.
+pub fn resolve_model_dir(path: &Path) -> Result<ModelDir> {
+    if path.join("state.json").is_file() {
+        Ok(ModelDir::Checkpoint(path.to_path_buf()))
     } else if let Some(latest) = latest_checkpoint(path) {
-        load_checkpoint_model(&latest, device)?
+        Ok(ModelDir::Checkpoint(latest))
     } else if path.join("config.json").is_file() {
-        Qwen3ForCausalLM::from_pretrained(path, device)?
+        Ok(ModelDir::Hf(path.to_path_buf()))
     } else {
-        return Err(TrainError::Checkpoint {
+        Err(TrainError::Checkpoint {
             path: path.to_path_buf(),
-            reason:
-                "neither an HF model directory (config.json), a checkpoint (state.json) nor a run \
-                     directory with checkpoints"
-                    .into(),
-        });
-    };
-    Ok(model.valid().materialize())
+            reason: "neither an HF model directory (config.json), a checkpoint (state.json) nor a \
+                     run directory with checkpoints"
+                .into(),
+        })
+    }
+}
+
+/// Load a model from an HF directory, a checkpoint directory, or a run directory (its newest
+/// checkpoint), with LoRA adapters merged into the weights.
+pub fn load_model_merged(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
+    Ok(match resolve_model_dir(path)? {
+        ModelDir::Checkpoint(dir) => load_checkpoint_model(&dir, device)?.materialize(),
+        ModelDir::Hf(dir) => Qwen3ForCausalLM::from_pretrained(&dir, device)?,
+    })
+}
+
+/// Load a model for inference (no autodiff) from any path [`resolve_model_dir`] accepts.
+pub fn load_model_any(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
+    Ok(load_model_merged(path, device)?.valid().materialize())
 }

@@ -60,6 +60,9 @@ pub fn line_chart(
     if y1 == y0 {
         y1 = y0 + y0.abs().max(1e-9) * 0.1;
     }
+    // Plotters labels a log axis only at powers of ten: a range inside one decade would get no
+    // tick labels at all, so such a chart is drawn on a linear axis.
+    let log_y = log_y && y1 / y0 >= 10.0;
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let colors = [

@@ -24,7 +24,8 @@ use serde_json::json;
 
 use crate::checkpoint::{
     FORMAT_VERSION, TrainState, apply_lora, apply_retention, latest_checkpoint,
-    load_checkpoint_model, load_state, remove_partial_checkpoints, save_checkpoint,
+    load_checkpoint_model, load_model_merged, load_state, remove_partial_checkpoints,
+    resolve_model_dir, save_checkpoint,
 };
 use crate::config::{ModelSource, RunConfig};
 use crate::data::DataPipeline;
@@ -295,13 +296,7 @@ fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> 
             Qwen3ForCausalLM::new(model_config, device),
             config.training.seed,
         ),
-        ModelSource::Pretrained(path) => {
-            if path.join("state.json").is_file() {
-                load_checkpoint_model(path, device)?.materialize()
-            } else {
-                Qwen3ForCausalLM::from_pretrained(path, device)?
-            }
-        }
+        ModelSource::Pretrained(path) => load_model_merged(path, device)?,
     };
     Ok(match &config.lora {
         Some(lora) => apply_lora(model, lora),
@@ -312,19 +307,17 @@ fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> 
 fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
     match &config.model {
         ModelSource::Scratch(c) => Ok((**c).clone()),
-        ModelSource::Pretrained(path) => {
-            if path.join("state.json").is_file() || path.join("config.json").is_file() {
-                Ok(Qwen3Config::from_file(&path.join("config.json"))?)
-            } else {
-                Err(TrainError::config(
-                    "model.from",
-                    format!(
-                        "{} holds no config.json (expected an HF model directory or a checkpoint)",
-                        path.display()
-                    ),
-                ))
-            }
-        }
+        ModelSource::Pretrained(path) => match resolve_model_dir(path) {
+            Ok(dir) => Ok(Qwen3Config::from_file(&dir.config_path())?),
+            Err(_) => Err(TrainError::config(
+                "model.from",
+                format!(
+                    "{} is neither an HF model directory (config.json), a checkpoint nor a run \
+                     directory with checkpoints",
+                    path.display()
+                ),
+            )),
+        },
     }
 }
 
@@ -717,7 +710,7 @@ impl Loop<'_> {
             temperature: t.sample_temperature,
             top_k: Some(50),
             seed: t.seed.wrapping_add(step as u64),
-            stop_tokens: tok.eos_id().into_iter().collect(),
+            stop_tokens: tok.stop_ids(),
             ..SamplingConfig::default()
         };
         let out = generate(&valid, &prompt, &cfg, &device, |_| {})?;
