@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 import tomllib
 
@@ -76,9 +77,15 @@ def torch_train(cfg, steps, warmup):
     return {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3}
 
 
-def ours_train(path, steps, warmup):
-    out = subprocess.run([BIN, "bench", "train", "--config", path, "--steps", str(steps), "--warmup", str(warmup), "--json"],
-                         check=True, capture_output=True, text=True, cwd=ROOT)
+def ours_train(path, steps, warmup, replicas=1, batch_size=None):
+    """`qwen-burn bench train`; with replicas > 1 the same step (same tokens) is split into
+    `replicas` micro-batches on data-parallel replicas of the CPU device (`--device flex,flex`)."""
+    extra = []
+    if replicas > 1:
+        extra = ["--device", ",".join(["flex"] * replicas), "--set", f"training.batch_size={batch_size // replicas}",
+                 "--set", f"training.grad_accum={replicas}"]
+    out = subprocess.run([BIN, "bench", "train", "--config", path, "--steps", str(steps), "--warmup", str(warmup), "--json"]
+                         + extra, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -107,6 +114,16 @@ def ours_generate(path, prompt_len, new_tokens):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def torch_job(kind, path, args):
+    """Run one PyTorch measurement in a child process, so that its OpenMP threads (which spin
+    for a while after each parallel region) are gone before qwen-burn is timed."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch-job", kind, "--configs", path,
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", default=["configs/bench-dense.toml", "configs/bench-moe.toml"])
@@ -116,36 +133,52 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--torch-job", choices=["train", "generate"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.torch_job:
+        with open(os.path.join(ROOT, args.configs[0]), "rb") as f:
+            cfg = tomllib.load(f)
+        if args.torch_job == "train":
+            print(json.dumps(torch_train(cfg, args.steps, args.warmup)))
+        else:
+            print(json.dumps(torch_generate(cfg, args.prompt_len, args.new_tokens)))
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; qwen-burn binary {BIN}")
     summary = []
     for path in args.configs:
         with open(os.path.join(ROOT, path), "rb") as f:
             cfg = tomllib.load(f)
-        ours, theirs = [], []
+        ours, ours2, theirs = [], [], []
+        batch = cfg["training"]["batch_size"]
         for r in range(args.rounds):
             l0 = load()
             o = ours_train(path, args.steps, args.warmup)
             l1 = load()
-            t = torch_train(cfg, args.steps, args.warmup)
-            print(f"{path} round {r}: qwen-burn {o['tokens_per_sec']:.0f} tok/s ({o['step_ms_median']:.0f} ms/step, "
-                  f"load {l0:.2f}) | pytorch {t['tokens_per_sec']:.0f} tok/s ({t['step_ms_median']:.0f} ms/step, load {l1:.2f})",
-                  flush=True)
+            o2 = ours_train(path, args.steps, args.warmup, replicas=2, batch_size=batch)
+            l2 = load()
+            t = torch_job("train", path, args)
+            print(f"{path} round {r}: qwen-burn flex {o['tokens_per_sec']:.0f} tok/s ({o['step_ms_median']:.0f} ms/step, "
+                  f"load {l0:.2f}) | flex,flex {o2['tokens_per_sec']:.0f} tok/s ({o2['step_ms_median']:.0f} ms/step, "
+                  f"load {l1:.2f}) | pytorch {t['tokens_per_sec']:.0f} tok/s ({t['step_ms_median']:.0f} ms/step, "
+                  f"load {l2:.2f})", flush=True)
             ours.append(o["tokens_per_sec"])
+            ours2.append(o2["tokens_per_sec"])
             theirs.append(t["tokens_per_sec"])
-        ratio = statistics.median(ours) / statistics.median(theirs)
-        summary.append((f"train {path}", statistics.median(ours), statistics.median(theirs), ratio))
+        summary.append((f"train {path} (flex)", statistics.median(ours), statistics.median(theirs),
+                        statistics.median(ours) / statistics.median(theirs)))
+        summary.append((f"train {path} (flex,flex)", statistics.median(ours2), statistics.median(theirs),
+                        statistics.median(ours2) / statistics.median(theirs)))
         l0 = load()
         og = ours_generate(path, args.prompt_len, args.new_tokens)
-        tg = torch_generate(cfg, args.prompt_len, args.new_tokens)
+        tg = torch_job("generate", path, args)
         print(f"{path} decode: qwen-burn {og['decode_tokens_per_sec']:.0f} tok/s | HF generate "
               f"{tg['decode_tokens_per_sec']:.0f} tok/s (load {l0:.2f})", flush=True)
         summary.append((f"decode {path}", og["decode_tokens_per_sec"], tg["decode_tokens_per_sec"],
                         og["decode_tokens_per_sec"] / tg["decode_tokens_per_sec"]))
     print("\nsummary (tokens/s; ratio = qwen-burn / PyTorch)")
     for name, o, t, ratio in summary:
-        print(f"  {name:40s} qwen-burn {o:8.0f}  pytorch {t:8.0f}  ratio {ratio:.2f}")
+        print(f"  {name:48s} qwen-burn {o:8.0f}  pytorch {t:8.0f}  ratio {ratio:.2f}")
     print(f"load average now {os.getloadavg()}")
 
 

@@ -19,6 +19,8 @@ pub enum BenchCmd {
         /// Override a config value (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// Device, or a list for data-parallel replicas (`flex,flex`: two threads on the CPU;
+        /// needs training.grad_accum a multiple of the list's length).
         #[arg(long, default_value = "flex")]
         device: String,
         /// Timed steps.
@@ -97,8 +99,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let ModelSource::Scratch(model_config) = &run.model else {
                 bail!("bench train needs an inline [model] architecture, not `from`");
             };
-            let dev = device_from_name(&device)?;
-            let result = bench_train(&run, model_config, &device, &dev, steps, warmup)?;
+            let result = bench_train(&run, model_config, &device, steps, warmup)?;
             print(&result, json);
         }
         BenchCmd::Moe {

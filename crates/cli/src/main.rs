@@ -11,6 +11,27 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc v3's `mi_option_purge_delay` (index 15 in `mi_option_e`; libmimalloc-sys names no
+/// constant for it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Keep freed memory mapped instead of purging it back to the OS after mimalloc's default 1 s:
+/// the next step re-allocates the same buffers, and re-faulting them (kernel page zeroing) cost
+/// 7-10% of a training step (benches/README.md). Costs ~15% more peak RSS. The user's
+/// `MIMALLOC_PURGE_DELAY` wins.
+fn keep_freed_memory_mapped() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: plain option getters/setters of the allocator, valid at any time. The index is
+    // checked against the option's v3 default (1000 ms) before it is changed.
+    unsafe {
+        if libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) == 1000 {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+        }
+    }
+}
+
 mod bench_cmd;
 mod cmd_data;
 mod model_cmds;
@@ -205,6 +226,7 @@ fn plot(args: PlotArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    keep_freed_memory_mapped();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, device_from_name, generate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
@@ -15,8 +15,8 @@ use crate::config::RunConfig;
 use crate::error::Result;
 use crate::metrics::{default_peak_tflops, train_flops_per_token};
 use crate::optim::{build_optimizer, clip_global_norm};
+use crate::parallel::Replicas;
 use crate::schedule::learning_rate;
-use crate::trainer::forward_backward;
 
 /// Peak resident set size of this process in MB (Linux `VmHWM`; 0 elsewhere).
 pub fn peak_rss_mb() -> f64 {
@@ -59,16 +59,22 @@ fn median(xs: &mut [f64]) -> f64 {
 }
 
 /// Time `steps` full training steps (forward, backward, clipping, AdamW) after `warmup` ones.
+/// `device_name` may list several devices (`flex,flex`, `cuda:0,cuda:1`): the step's
+/// `grad_accum` micro-batches are then split over data-parallel replicas, as in training.
 pub fn bench_train(
     config: &RunConfig,
     model_config: &Qwen3Config,
     device_name: &str,
-    device: &Device,
     steps: usize,
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
-    let device = device.clone().autodiff();
+    let devices = device_name
+        .split(',')
+        .map(|name| Ok(device_from_name(name.trim())?.autodiff()))
+        .collect::<Result<Vec<_>>>()?;
+    let replicas = Replicas::new(devices);
+    let device = replicas.main().clone();
     let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
     let mut optimizer = build_optimizer(&model, &config.optimizer);
     let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
@@ -79,7 +85,7 @@ pub fn bench_train(
             .map(|_| random_batch(&mut rng, t.batch_size, t.seq_len, model_config.vocab_size))
             .collect();
         let start = Instant::now();
-        let (mut grads, stats) = forward_backward(&model, &batches, &device)?;
+        let (mut grads, stats) = replicas.step(&model, &batches)?;
         clip_global_norm(&model, &mut grads, config.optimizer.grad_clip)?;
         let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
         model = optimizer.step(lr, model, grads);
@@ -102,6 +108,7 @@ pub fn bench_train(
     Ok(json!({
         "bench": "train",
         "device": device_name,
+        "replicas": replicas.len(),
         "model_type": model_config.model_type.as_str(),
         "params": model_config.num_params(),
         "active_params_per_token": model_config.active_params_per_token(),

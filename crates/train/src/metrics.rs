@@ -79,10 +79,12 @@ pub fn read_metrics(path: &Path) -> Result<Vec<Value>> {
 /// training runs in f32. wgpu: 10 TFLOP/s, a mid-range discrete GPU. Set the real figure in the
 /// config for meaningful MFU.
 pub fn default_peak_tflops(device: &str) -> f64 {
+    // A device list (`cuda:0,cuda:1`) adds up its accelerators; `flex,flex` is one CPU.
+    let accelerators = device.split(',').count() as f64;
     if device.starts_with("cuda") {
-        67.0
-    } else if device == "wgpu" {
-        10.0
+        67.0 * accelerators
+    } else if device.starts_with("wgpu") {
+        10.0 * accelerators
     } else {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         cores as f64 * 2.0e9 * 32.0 / 1e12

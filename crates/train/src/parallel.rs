@@ -85,9 +85,14 @@ impl Replicas {
                 .devices
                 .iter()
                 .zip(batches.chunks(share))
-                .map(|(device, part)| {
-                    // Same device: share the weights; another device: copy them there.
-                    let replica = if device == self.main() {
+                .enumerate()
+                .map(|(i, (device, part))| {
+                    // Every replica but the first gets its own parameter leaves (`fork`: same
+                    // ParamIds, fresh autodiff nodes; on the main device the data is shared, not
+                    // copied). Replicas sharing leaves would share one autodiff graph, which
+                    // serialises their backward passes, and Burn 0.22.1's graph merging can
+                    // deadlock when one thread merges while another runs backward (seen here).
+                    let replica = if i == 0 {
                         model.clone()
                     } else {
                         model.clone().fork(device)
