@@ -6,7 +6,7 @@ use std::time::Instant;
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, device_from_name, generate};
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
@@ -69,11 +69,7 @@ pub fn bench_train(
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
-    let devices = device_name
-        .split(',')
-        .map(|name| Ok(device_from_name(name.trim())?.autodiff()))
-        .collect::<Result<Vec<_>>>()?;
-    let replicas = Replicas::new(devices);
+    let replicas = Replicas::from_names(device_name, t.grad_accum)?;
     let device = replicas.main().clone();
     let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
     let mut optimizer = build_optimizer(&model, &config.optimizer);

@@ -24,7 +24,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
-use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_model::{Qwen3ForCausalLM, device_from_name};
 
 use crate::error::{Result, TrainError};
 use crate::trainer::{StepStats, count_targets, forward_backward_part};
@@ -40,6 +40,25 @@ impl Replicas {
     pub fn new(devices: Vec<Device>) -> Self {
         assert!(!devices.is_empty(), "at least one device");
         Self { devices }
+    }
+
+    /// Autodiff devices from a device list (`flex`, `flex,flex`, `cuda:0,cuda:1`), for steps
+    /// of `grad_accum` micro-batches, which must split evenly over them.
+    pub fn from_names(names: &str, grad_accum: usize) -> Result<Self> {
+        let devices = names
+            .split(',')
+            .map(|name| Ok(device_from_name(name.trim())?.autodiff()))
+            .collect::<Result<Vec<_>>>()?;
+        if !grad_accum.is_multiple_of(devices.len()) {
+            return Err(TrainError::config(
+                "training.grad_accum",
+                format!(
+                    "must be a multiple of the number of devices ({}) so each device gets whole micro-batches",
+                    devices.len()
+                ),
+            ));
+        }
+        Ok(Self::new(devices))
     }
 
     /// The main device.

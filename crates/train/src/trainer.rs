@@ -17,8 +17,8 @@ use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::loss::cross_entropy_sum;
 use qwen_burn_model::{
-    Qwen3Config, Qwen3ForCausalLM, RouterStats, SamplingConfig, device_from_name, generate,
-    load_balancing_loss, router_z_loss,
+    Qwen3Config, Qwen3ForCausalLM, RouterStats, SamplingConfig, generate, load_balancing_loss,
+    router_z_loss,
 };
 use serde_json::json;
 
@@ -349,20 +349,7 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         .clone()
         .unwrap_or_else(|| config.training.device.clone());
     // `cuda:0,cuda:1` (or `flex,flex`: two threads on one CPU) trains data-parallel.
-    let devices = device_name
-        .split(',')
-        .map(|name| Ok(device_from_name(name.trim())?.autodiff()))
-        .collect::<Result<Vec<_>>>()?;
-    if !config.training.grad_accum.is_multiple_of(devices.len()) {
-        return Err(TrainError::config(
-            "training.grad_accum",
-            format!(
-                "must be a multiple of the number of devices ({}) so each device gets whole micro-batches",
-                devices.len()
-            ),
-        ));
-    }
-    let replicas = Replicas::new(devices);
+    let replicas = Replicas::from_names(&device_name, config.training.grad_accum)?;
     let device = replicas.main().clone();
     let run_dir = &opts.run_dir;
     std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io("create directory", run_dir, e))?;

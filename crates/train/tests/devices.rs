@@ -3,62 +3,23 @@
 
 #![allow(deprecated)] // Device::ndarray: burn-ndarray is deprecated upstream but still a supported device here.
 
+mod common;
+
 use burn::tensor::Device;
-use qwen_burn_data::Batch;
+use common::{lcg_batch, tiny_config};
+use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use qwen_burn_train::config::OptimizerConfig;
 use qwen_burn_train::optim::{build_optimizer, clip_global_norm};
 use qwen_burn_train::trainer::forward_backward;
-use serde_json::json;
-
-fn config(moe: bool) -> Qwen3Config {
-    let mut v = json!({
-        "model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "initializer_range": 0.1,
-    });
-    if moe {
-        v["model_type"] = json!("qwen3_moe");
-        v["num_experts"] = json!(4);
-        v["num_experts_per_tok"] = json!(2);
-        v["moe_intermediate_size"] = json!(16);
-        v["router_aux_loss_coef"] = json!(0.01);
-    }
-    Qwen3Config::from_json(&v, true).unwrap()
-}
-
-fn batch(seed: u64) -> Batch {
-    let (b, t) = (2, 16);
-    let mut s = seed;
-    let tokens: Vec<u32> = (0..b * (t + 1))
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 40) as u32 % 64
-        })
-        .collect();
-    let mut inputs = Vec::new();
-    let mut targets = Vec::new();
-    for r in 0..b {
-        let w = &tokens[r * (t + 1)..(r + 1) * (t + 1)];
-        inputs.extend_from_slice(&w[..t]);
-        targets.extend(w[1..].iter().map(|&x| i64::from(x)));
-    }
-    Batch {
-        batch_size: b,
-        seq_len: t,
-        inputs,
-        targets,
-        attention_mask: None,
-    }
-}
 
 /// Losses of three AdamW steps on `device`.
 fn losses(device: Device, moe: bool) -> Vec<f64> {
     let device = device.autodiff();
-    let mut model = init_weights(Qwen3ForCausalLM::new(&config(moe), &device), 5);
+    let mut model = init_weights(
+        Qwen3ForCausalLM::new(&tiny_config(moe, Some(0.1), 0.01), &device),
+        5,
+    );
     let opt = OptimizerConfig {
         lr: 1e-2,
         beta1: 0.9,
@@ -70,7 +31,8 @@ fn losses(device: Device, moe: bool) -> Vec<f64> {
     let mut optimizer = build_optimizer(&model, &opt);
     let mut out = Vec::new();
     for step in 0..3 {
-        let (mut grads, stats) = forward_backward(&model, &[batch(step)], &device).unwrap();
+        let (mut grads, stats) =
+            forward_backward(&model, &[lcg_batch(2, 16, step)], &device).unwrap();
         clip_global_norm(&model, &mut grads, 1.0).unwrap();
         model = optimizer.step(opt.lr, model, grads);
         out.push(stats.loss + stats.aux_loss.unwrap_or(0.0));
