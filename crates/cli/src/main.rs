@@ -174,20 +174,19 @@ fn export(args: ExportArgs) -> Result<()> {
     model
         .save_pretrained(&args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    // Ship the tokenizer with the model when we can find it.
-    if let Some(tok) = [args.checkpoint.clone()]
-        .into_iter()
-        .chain(
-            args.checkpoint
-                .ancestors()
-                .skip(1)
-                .take(2)
-                .map(PathBuf::from),
-        )
-        .map(|d| d.join("tokenizer.json"))
-        .find(|p| p.is_file())
-    {
-        std::fs::copy(&tok, args.out.join("tokenizer.json")).context("copying tokenizer.json")?;
+    // Ship the tokenizer and the generation defaults with the model when we can find them
+    // (next to the checkpoint, or in its run directory).
+    for name in ["tokenizer.json", "generation_config.json"] {
+        if let Some(src) = args
+            .checkpoint
+            .ancestors()
+            .take(3)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+        {
+            std::fs::copy(&src, args.out.join(name))
+                .with_context(|| format!("copying {}", src.display()))?;
+        }
     }
     println!(
         "exported {} to {}",

@@ -8,7 +8,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::tokenizer::Tok;
 use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor, token_nll};
 use qwen_burn_model::{
-    Qwen3ForCausalLM, SamplingConfig, device_from_name, generate, load_balancing_loss,
+    GenerationConfig, Qwen3ForCausalLM, SamplingConfig, SamplingDefaults, device_from_name,
+    generate, load_balancing_loss,
 };
 use serde_json::json;
 
@@ -164,8 +165,15 @@ pub fn score_rows(
             load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, None)
                 .into_scalar::<f32>(),
         );
-        let loss = lm_loss + moe.router_aux_loss_coef * aux;
+        // HF adds the aux loss to `loss` only with output_router_logits.
+        let coef = if moe.output_router_logits {
+            moe.router_aux_loss_coef
+        } else {
+            0.0
+        };
+        let loss = lm_loss + coef * aux;
         result["aux_loss"] = json!(aux);
+        result["output_router_logits"] = json!(moe.output_router_logits);
         result["router_aux_loss_coef"] = json!(moe.router_aux_loss_coef);
         result["loss"] = json!(loss);
     }
@@ -294,13 +302,18 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
-    #[arg(long, default_value_t = 64)]
-    pub max_new_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
+    /// Tokens to generate at most (default: generation_config.json's max_new_tokens, else 64).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Softmax temperature; 0 = greedy. Default: the model's generation_config.json (greedy
+    /// unless it sets do_sample), else greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep the k most likely tokens when sampling (default: generation_config.json).
     #[arg(long)]
     pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p (default:
+    /// generation_config.json).
     #[arg(long)]
     pub top_p: Option<f32>,
     #[arg(long, default_value_t = 0)]
@@ -319,6 +332,77 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
+/// `generation_config.json` next to the model (or in its parent or grandparent: a checkpoint's
+/// run directory).
+fn find_generation_config(model_dir: &Path) -> Result<Option<GenerationConfig>> {
+    for dir in [
+        Some(model_dir),
+        model_dir.parent(),
+        model_dir.parent().and_then(Path::parent),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Some(config) = GenerationConfig::from_dir(dir)? {
+            if !config.unsupported.is_empty() {
+                eprintln!(
+                    "warning: {}: not supported by qwen-burn, ignored: {}",
+                    dir.join("generation_config.json").display(),
+                    config.unsupported.join(", ")
+                );
+            }
+            return Ok(Some(config));
+        }
+    }
+    Ok(None)
+}
+
+/// What to generate, as HF decides it: the flags win over `generation_config.json`, which wins
+/// over greedy decoding. Generation stops on any of the eos ids of `config.json` and of
+/// `generation_config.json`, and on the tokenizer's document end and chat turn end
+/// (`<|endoftext|>`, `<|im_end|>`) when it has them.
+pub fn sampling_config(
+    args: &GenerateArgs,
+    config_eos: &[u32],
+    generation: Option<&GenerationConfig>,
+    tok: Option<&Tok>,
+) -> SamplingConfig {
+    let defaults = generation.map_or(
+        SamplingDefaults {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        },
+        GenerationConfig::sampling,
+    );
+    let temperature = args.temperature.unwrap_or(defaults.temperature);
+    let sampling = temperature > 0.0;
+    let mut stop_tokens: Vec<u32> = Vec::new();
+    if !args.ignore_eos {
+        let from_tok = tok.map(Tok::stop_ids).unwrap_or_default();
+        let from_gen = generation
+            .map(|g| g.eos_token_id.as_slice())
+            .unwrap_or_default();
+        for &id in config_eos.iter().chain(from_gen).chain(&from_tok) {
+            if !stop_tokens.contains(&id) {
+                stop_tokens.push(id);
+            }
+        }
+    }
+    SamplingConfig {
+        max_new_tokens: args
+            .max_new_tokens
+            .or(generation.and_then(|g| g.max_new_tokens))
+            .unwrap_or(64),
+        temperature,
+        top_k: args.top_k.or(defaults.top_k).filter(|_| sampling),
+        top_p: args.top_p.or(defaults.top_p).filter(|_| sampling),
+        seed: args.seed,
+        stop_tokens,
+        use_cache: !args.no_cache,
+    }
+}
+
 pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
     let (model, device) = args.model.load()?;
     let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?;
@@ -330,24 +414,13 @@ pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
     };
-    let mut stop_tokens = model.config.eos_token_id.clone();
-    if stop_tokens.is_empty()
-        && let Some(tok) = &tok
-    {
-        stop_tokens = tok.stop_ids();
-    }
-    if args.ignore_eos {
-        stop_tokens.clear();
-    }
-    let cfg = SamplingConfig {
-        max_new_tokens: args.max_new_tokens,
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-        stop_tokens,
-        use_cache: !args.no_cache,
-    };
+    let gen_config = find_generation_config(&args.model.model)?;
+    let cfg = sampling_config(
+        &args,
+        &model.config.eos_token_id,
+        gen_config.as_ref(),
+        tok.as_ref(),
+    );
     let stream = !args.json && tok.is_some();
     if stream && let Some(text) = &args.prompt {
         print!("{text}");
@@ -380,6 +453,11 @@ pub fn generate_cmd(args: GenerateArgs) -> Result<()> {
             "stopped_on_eos": out.stopped,
             "prefill_secs": out.prefill_secs,
             "decode_tokens_per_sec": decode_tps,
+            "sampling": {
+                "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+                "seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
+                "stop_tokens": cfg.stop_tokens,
+            },
         });
         if let Some(tok) = &tok {
             v["text"] = json!(tok.decode(&out.new_token_ids)?);

@@ -123,3 +123,144 @@ fn kill_during_checkpoint_write_keeps_the_previous_checkpoint() {
     let (la, lb) = (train_losses(&a), train_losses(&b));
     assert_eq!(la, lb);
 }
+
+fn as_refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// `(step, split, loss bits)` of every metrics record: one per step and split, in order.
+fn records(run: &std::path::Path) -> Vec<(u64, String, u64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["split"].as_str().unwrap().to_string(),
+                v["loss"].as_f64().unwrap().to_bits(),
+            )
+        })
+        .collect()
+}
+
+/// A real SIGKILL after step 4 of 6 (checkpoints at 3 and 6): steps 4.. are re-run from the
+/// step-3 checkpoint, `metrics.jsonl` and `samples.jsonl` are truncated to step 3 first, and the
+/// result is the uninterrupted run's, bit for bit. While the first process lives, a second
+/// writer is refused (naming its PID) and readers load the newest complete checkpoint.
+#[test]
+fn sigkill_between_checkpoints_resumes_exactly_and_the_run_dir_has_one_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 6, 3, "");
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let train = |run: &std::path::Path, resume: bool| {
+        let mut v: Vec<String> = ["train", "--config", s(&config), "--run-dir", s(run)]
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        v.extend(
+            [
+                "--set",
+                "training.sample_interval=1",
+                "--set",
+                "training.sample_tokens=4",
+            ]
+            .map(String::from),
+        );
+        if resume {
+            v.push("--resume".into());
+        }
+        v
+    };
+    ok(&qwen_burn(&as_refs(&train(&a, false)), &[]));
+
+    // Run b pauses after step 4 (its records written, its checkpoint still step 3).
+    let log = tmp.path().join("b.stderr");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_qwen-burn"))
+        .args(train(&b, false))
+        .current_dir(repo_root())
+        .env("QWEN_BURN_PAUSE_AFTER_STEP", "4")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("paused after step 4")
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "run b ended early: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(std::time::Instant::now() < deadline, "run b never paused");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    // A second writer is refused and changes nothing.
+    let metrics_before = std::fs::read(b.join("metrics.jsonl")).unwrap();
+    for resume in [false, true] {
+        let out = qwen_burn(&as_refs(&train(&b, resume)), &[]);
+        assert!(!out.status.success(), "a second writer must be refused");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("in use by PID {}", child.id())),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(b.join("metrics.jsonl")).unwrap(),
+        metrics_before
+    );
+    // Readers need no lock and see the newest complete checkpoint (step 3).
+    let generated = ok(&qwen_burn(
+        &[
+            "generate",
+            "--model",
+            s(&b),
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ],
+        &[],
+    ));
+    assert!(generated.contains("new_token_ids"), "{generated}");
+    let exported = tmp.path().join("exported");
+    ok(&qwen_burn(
+        &["export", "--checkpoint", s(&b), "--out", s(&exported)],
+        &[],
+    ));
+    assert!(exported.join("model.safetensors").is_file());
+
+    // SIGKILL (std's `kill` on Unix), between the step-3 and step-6 checkpoints.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        records(&b).iter().any(|r| r.0 == 4),
+        "step 4 was recorded before the kill"
+    );
+    assert_eq!(
+        qwen_burn_train::checkpoint::latest_checkpoint(&b)
+            .unwrap()
+            .file_name()
+            .unwrap(),
+        "step-00000003"
+    );
+
+    // The dead process's lock does not block --resume.
+    ok(&qwen_burn(&as_refs(&train(&b, true)), &[]));
+    let (ra, rb) = (records(&a), records(&b));
+    println!("uninterrupted {ra:?}\nresumed {rb:?}");
+    assert_eq!(
+        ra, rb,
+        "metrics: one record per step and split, losses bit-identical"
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.join("samples.jsonl")).unwrap(),
+        std::fs::read_to_string(b.join("samples.jsonl")).unwrap(),
+        "samples truncated and re-generated identically"
+    );
+}

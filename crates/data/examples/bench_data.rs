@@ -91,7 +91,7 @@ fn main() -> AnyResult<()> {
         ("default 8k BPE", tokenizer.clone()),
         (
             "Qwen3 151k BPE",
-            root.join("../shared/tokenizers/qwen3/tokenizer.json"),
+            root.join("crates/data/tests/fixtures/tokenizers/qwen3/tokenizer.json.gz"),
         ),
     ] {
         if !path.exists() {

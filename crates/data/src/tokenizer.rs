@@ -44,6 +44,38 @@ pub const QWEN_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{
 /// Bytes per text piece handed to the BPE trainer (see [`ingest::chunk_text`]).
 const TRAIN_CHUNK_BYTES: usize = 64 * 1024;
 
+/// The JSON bytes of a `tokenizer.json`, decompressed when the name ends in `.gz`.
+pub fn read_tokenizer_json(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DataError::MissingPath {
+            path: path.to_path_buf(),
+        },
+        _ => DataError::io(path, e),
+    })?;
+    if !path.to_string_lossy().ends_with(".gz") {
+        return Ok(raw);
+    }
+    let mut out = Vec::with_capacity(raw.len() * 6);
+    std::io::Read::read_to_end(
+        &mut flate2::read::MultiGzDecoder::new(raw.as_slice()),
+        &mut out,
+    )
+    .map_err(|e| DataError::io(path, e))?;
+    Ok(out)
+}
+
+/// Writes the tokenizer at `src` (plain or `.gz`) to `dest` as a plain `tokenizer.json`, byte
+/// for byte, so its hash is unchanged. The write is atomic (temporary file, then rename): a
+/// reader never sees half a file.
+pub fn copy_tokenizer_json(src: &Path, dest: &Path) -> Result<()> {
+    let bytes = read_tokenizer_json(src)?;
+    let mut tmp = dest.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(|e| DataError::io(&tmp, e))?;
+    std::fs::rename(&tmp, dest).map_err(|e| DataError::io(dest, e))
+}
+
 /// A loaded tokenizer with cached special ids, vocabulary size and file hash.
 #[derive(Clone, Debug)]
 pub struct Tok {
@@ -55,14 +87,10 @@ pub struct Tok {
 }
 
 impl Tok {
-    /// Loads any Hugging Face `tokenizer.json`.
+    /// Loads any Hugging Face `tokenizer.json`, or a gzip copy of one (`tokenizer.json.gz`).
+    /// The hash is taken over the JSON bytes, so both forms are the same tokenizer.
     pub fn from_file(path: &Path) -> Result<Tok> {
-        let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => DataError::MissingPath {
-                path: path.to_path_buf(),
-            },
-            _ => DataError::io(path, e),
-        })?;
+        let bytes = read_tokenizer_json(path)?;
         let inner = Tokenizer::from_bytes(&bytes).map_err(|e| DataError::TokenizerLoad {
             path: path.to_path_buf(),
             message: e.to_string(),

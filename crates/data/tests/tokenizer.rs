@@ -101,10 +101,9 @@ fn trains_small_bpe_with_custom_specials_from_text_and_jsonl() {
 /// for every byte-level tokenizer we use; `prepare` relies on it for parallelism.
 #[test]
 fn chunked_tokenisation_equals_whole_text() {
-    let corpora = shared().join("corpora");
-    let texts: Vec<String> = ["austen/austen_emma.txt", "shakespeare/hamlet_gut.txt"]
+    let texts: Vec<String> = ["austen/austen_emma.txt.gz", "shakespeare/hamlet_gut.txt.gz"]
         .iter()
-        .map(|p| std::fs::read_to_string(corpora.join(p)).unwrap())
+        .map(|p| qwen_burn_data::ingest::read_text_file(&datasets().join(p)).unwrap())
         .collect();
     let toks = [qwen(), Tok::from_file(&gpt2_path()).unwrap(), default_tok()];
     for tok in &toks {

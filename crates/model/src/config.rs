@@ -99,7 +99,8 @@ pub struct MoeConfig {
     pub norm_topk_prob: bool,
     /// Weight of the load-balancing loss in the training loss.
     pub router_aux_loss_coef: f64,
-    /// HF only adds the aux loss when this is true; we record it for export.
+    /// As in HF: the router losses (load balancing, and our z-loss) are added to the training
+    /// loss only when this is true. When false they are still measured and logged.
     pub output_router_logits: bool,
     /// Layer `i` is sparse iff `(i + 1) % decoder_sparse_step == 0` and `i` is not in `mlp_only_layers`.
     pub decoder_sparse_step: usize,
@@ -197,6 +198,21 @@ const KNOWN_KEYS: &[&str] = &[
     "dtype",
     "transformers_version",
     "use_cache",
+];
+
+/// Keys that only `qwen3_moe` reads; in strict mode they are an error on a dense `qwen3`.
+const MOE_ONLY_KEYS: &[&str] = &[
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "router_aux_loss_coef",
+    "output_router_logits",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "router_z_loss_coef",
+    "router_bias_update_rate",
 ];
 
 /// Typed accessors over a JSON object that name the field in every error.
@@ -305,6 +321,16 @@ impl Qwen3Config {
                 ));
             }
         };
+        if strict
+            && model_type == ModelType::Qwen3
+            && let Some(key) = MOE_ONLY_KEYS.iter().find(|k| f.get(k).is_some())
+        {
+            return Err(ModelError::invalid(
+                key,
+                "is a Qwen3-MoE setting but model_type is `qwen3` (dense); set \
+                 model_type = \"qwen3_moe\" or remove it",
+            ));
+        }
         if let Some(act) = f.str("hidden_act")?
             && act != "silu"
         {
@@ -362,6 +388,36 @@ impl Qwen3Config {
                 router_bias_update_rate: f.f64("router_bias_update_rate")?.unwrap_or(0.0),
             }),
         };
+        if strict
+            && let Some(moe) = &moe
+            && !moe.output_router_logits
+        {
+            // HF adds the router losses only with output_router_logits; a coefficient the user
+            // wrote would otherwise do nothing.
+            let aux_written = f.get("router_aux_loss_coef").is_some();
+            for (key, coef) in [
+                (
+                    "router_aux_loss_coef",
+                    if aux_written {
+                        moe.router_aux_loss_coef
+                    } else {
+                        0.0
+                    },
+                ),
+                ("router_z_loss_coef", moe.router_z_loss_coef),
+            ] {
+                if coef > 0.0 {
+                    return Err(ModelError::invalid(
+                        key,
+                        format!(
+                            "= {coef} has no effect while output_router_logits is false: as in HF, \
+                             router losses are added to the training loss only when \
+                             output_router_logits = true; set it, or set {key} = 0"
+                        ),
+                    ));
+                }
+            }
+        }
         let config = Self {
             model_type,
             vocab_size: f.req_usize("vocab_size")?,
@@ -862,5 +918,41 @@ mod tests {
         v["mlp_only_layers"] = json!([3]);
         let c = Qwen3Config::from_json(&v, true).unwrap();
         assert_eq!(c.moe_layers(), vec![1]);
+    }
+
+    #[test]
+    fn moe_keys_on_a_dense_model_are_refused_in_strict_mode() {
+        for key in MOE_ONLY_KEYS {
+            let e = err_of(|m| {
+                m.insert(key.to_string(), json!(1));
+            });
+            assert!(e.contains(key) && e.contains("qwen3_moe"), "{key}: {e}");
+        }
+        // An HF config.json (lenient) is read as transformers reads it.
+        let mut v = base();
+        v["num_experts"] = json!(8);
+        assert!(Qwen3Config::from_json(&v, false).unwrap().moe.is_none());
+    }
+
+    #[test]
+    fn router_loss_coefficients_need_output_router_logits_in_strict_mode() {
+        let mut v = base();
+        v["model_type"] = json!("qwen3_moe");
+        v["num_experts"] = json!(4);
+        v["num_experts_per_tok"] = json!(2);
+        for key in ["router_aux_loss_coef", "router_z_loss_coef"] {
+            let mut w = v.clone();
+            w[key] = json!(0.01);
+            let e = Qwen3Config::from_json(&w, true).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("output_router_logits"), "{e}");
+            w["output_router_logits"] = json!(true);
+            Qwen3Config::from_json(&w, true).unwrap();
+            // HF files with output_router_logits = false (as published Qwen3-MoE configs) load.
+            w["output_router_logits"] = json!(false);
+            let c = Qwen3Config::from_json(&w, false).unwrap();
+            assert!(!c.moe.unwrap().output_router_logits);
+        }
+        // The HF default coefficient (not written) is not an error.
+        Qwen3Config::from_json(&v, true).unwrap();
     }
 }

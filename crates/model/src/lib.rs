@@ -3,7 +3,7 @@
 //! Files in reading order: [`config`] (HF `config.json`), [`rms_norm`], [`rope`] (rotate-half
 //! RoPE and its scalings), [`attention`] (GQA with QK-norm), [`mlp`] (SwiGLU), [`moe`] (sparse
 //! experts and router losses), [`block`], [`model`], [`kv_cache`], [`loss`], [`weights`] (HF
-//! safetensors import/export), [`init`], [`generate`], [`device`].
+//! safetensors import/export), [`init`], [`generate`] (with [`generation_config`]), [`device`].
 //!
 //! One model code runs on every Burn backend: the device is a run-time value
 //! ([`device::device_from_name`]).
@@ -14,6 +14,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod generation_config;
 pub mod init;
 pub mod kv_cache;
 pub mod loss;
@@ -28,6 +29,7 @@ pub use config::{ModelType, MoeConfig, Qwen3Config, RopeScaling};
 pub use device::device_from_name;
 pub use error::{ModelError, Result};
 pub use generate::{Generation, SamplingConfig, generate};
+pub use generation_config::{GenerationConfig, SamplingDefaults};
 pub use kv_cache::KvCache;
 pub use model::{ModelOutput, Qwen3ForCausalLM};
 pub use moe::{RouterOutput, RouterStats, load_balancing_loss, router_z_loss};

@@ -262,6 +262,11 @@ pub fn resolve_model_dir(path: &Path) -> Result<ModelDir> {
         Ok(ModelDir::Checkpoint(path.to_path_buf()))
     } else if let Some(latest) = latest_checkpoint(path) {
         Ok(ModelDir::Checkpoint(latest))
+    } else if path.join("run.toml").is_file() {
+        Err(TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: "this run directory has no complete checkpoint yet".into(),
+        })
     } else if path.join("config.json").is_file() {
         Ok(ModelDir::Hf(path.to_path_buf()))
     } else {
@@ -276,11 +281,22 @@ pub fn resolve_model_dir(path: &Path) -> Result<ModelDir> {
 
 /// Load a model from an HF directory, a checkpoint directory, or a run directory (its newest
 /// checkpoint), with LoRA adapters merged into the weights.
+///
+/// Safe while the run trains (no lock needed): checkpoints appear by an atomic rename, and if
+/// retention deletes the one being read, the newest is resolved again.
 pub fn load_model_merged(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
-    Ok(match resolve_model_dir(path)? {
-        ModelDir::Checkpoint(dir) => load_checkpoint_model(&dir, device)?.materialize(),
-        ModelDir::Hf(dir) => Qwen3ForCausalLM::from_pretrained(&dir, device)?,
-    })
+    const ATTEMPTS: usize = 3;
+    for attempt in 1.. {
+        let result = match resolve_model_dir(path)? {
+            ModelDir::Checkpoint(dir) => match load_checkpoint_model(&dir, device) {
+                Err(_) if attempt < ATTEMPTS && !dir.join("state.json").is_file() => continue,
+                other => other?.materialize(),
+            },
+            ModelDir::Hf(dir) => Qwen3ForCausalLM::from_pretrained(&dir, device)?,
+        };
+        return Ok(result);
+    }
+    unreachable!("the loop returns")
 }
 
 /// Load a model for inference (no autodiff) from any path [`resolve_model_dir`] accepts.

@@ -132,7 +132,27 @@ pub struct TrainingConfig {
     /// Temperature of the periodic samples (0 = greedy).
     #[serde(default = "default_sample_temperature")]
     pub sample_temperature: f32,
+    /// What a NaN/Inf loss or gradient norm does: stop the run (default) or skip that step's
+    /// update and go on.
+    #[serde(default)]
+    pub on_nonfinite: OnNonFinite,
 }
+
+/// `training.on_nonfinite`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNonFinite {
+    /// Stop with an error naming the step and the first offending parameter.
+    #[default]
+    Stop,
+    /// Drop the step's gradients (no update; the data and the schedule move on), as Megatron
+    /// and fp16 loss scalers do. The run still stops after [`MAX_CONSECUTIVE_SKIPS`] skipped
+    /// steps in a row, or when the weights themselves are no longer finite.
+    Skip,
+}
+
+/// With `on_nonfinite = "skip"`, this many non-finite steps in a row stop the run.
+pub const MAX_CONSECUTIVE_SKIPS: usize = 10;
 
 /// `[checkpoint]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -196,7 +216,14 @@ pub struct RunConfig {
     pub lora: Option<LoraConfig>,
     /// The full TOML after overrides (what checkpoints store as `run.toml`).
     pub table: toml::Table,
+    /// Settings that were adjusted, for the trainer to print (e.g. a warmup clipped to a
+    /// shorter run).
+    pub notices: Vec<String>,
 }
+
+/// `[data]` keys that only one data kind reads; naming one for the other kind is an error.
+const TEXT_ONLY_KEYS: &[&str] = &["cache_dir", "val_fraction", "text_field", "sampling"];
+const SFT_ONLY_KEYS: &[&str] = &["val_inputs", "pack"];
 
 fn default_kind() -> String {
     "text".into()
@@ -418,9 +445,51 @@ impl RunConfig {
             }),
             lora: section(&table, "lora", false)?,
             table,
+            notices: Vec::new(),
         };
         config.validate()?;
-        Ok(config)
+        config.check_data_keys()?;
+        Ok(config.with_notices())
+    }
+
+    /// Keys of `[data]` written for the other data kind would be silently ignored: refuse them.
+    fn check_data_keys(&self) -> Result<()> {
+        let Some(data) = self.table.get("data").and_then(|d| d.as_table()) else {
+            return Ok(());
+        };
+        let (unused, why) = match self.data.kind.as_str() {
+            "sft" => (
+                TEXT_ONLY_KEYS,
+                "SFT reads whole conversations from the JSONL file in seeded shuffled epochs, \
+                 validates on `data.val_inputs` (or the first training rows) and keeps no shard cache",
+            ),
+            _ => (
+                SFT_ONLY_KEYS,
+                "text runs split `data.val_fraction` off the corpus and always pack windows",
+            ),
+        };
+        if let Some(key) = unused.iter().find(|k| data.contains_key(**k)) {
+            return Err(TrainError::config(
+                format!("data.{key}"),
+                format!(
+                    "is not used by data.kind = \"{}\" ({why}); remove it",
+                    self.data.kind
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Record the adjustments the run will make to what was written.
+    fn with_notices(mut self) -> Self {
+        let (warmup, steps) = (self.schedule.warmup_steps, self.training.max_steps);
+        if warmup > steps {
+            self.notices.push(format!(
+                "warning: schedule.warmup_steps = {warmup} exceeds training.max_steps = {steps}; \
+                 the warmup is clipped to {steps} steps (the learning rate reaches its peak at the last step)"
+            ));
+        }
+        self
     }
 
     fn validate(&self) -> Result<()> {
@@ -468,12 +537,6 @@ impl RunConfig {
                     "unknown decay `{}` (expected cosine, linear or constant)",
                     s.decay
                 ),
-            ));
-        }
-        if s.warmup_steps > t.max_steps {
-            return Err(TrainError::config(
-                "schedule.warmup_steps",
-                "must not exceed training.max_steps",
             ));
         }
         if s.min_lr < 0.0 || s.min_lr > o.lr {
@@ -603,5 +666,53 @@ max_steps = 10
         assert!(e.contains("schedule.decay") && e.contains("wobbly"), "{e}");
         let e = load(&["extras.x=1"]).unwrap_err().to_string();
         assert!(e.contains("extras") && e.contains("unknown section"), "{e}");
+        let e = load(&["training.on_nonfinite=\"ignore\""])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("training") && e.contains("ignore"), "{e}");
+        let c = load(&["training.on_nonfinite=\"skip\""]).unwrap();
+        assert_eq!(c.training.on_nonfinite, OnNonFinite::Skip);
+    }
+
+    #[test]
+    fn a_warmup_longer_than_the_run_is_clipped_with_a_warning() {
+        let c = load(&["schedule.warmup_steps=30", "training.max_steps=16"]).unwrap();
+        assert_eq!(c.notices.len(), 1);
+        assert!(c.notices[0].contains("clipped to 16"), "{}", c.notices[0]);
+        assert!(
+            load(&["schedule.warmup_steps=10"])
+                .unwrap()
+                .notices
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn data_keys_of_the_other_kind_are_refused() {
+        for key in [
+            "sampling=\"epochs\"",
+            "val_fraction=0.1",
+            "cache_dir=\"c\"",
+            "text_field=\"t\"",
+        ] {
+            let e = load(&["data.kind=\"sft\"", &format!("data.{key}")])
+                .unwrap_err()
+                .to_string();
+            let name = key.split('=').next().unwrap();
+            assert!(
+                e.contains(&format!("data.{name}")) && e.contains("sft"),
+                "{e}"
+            );
+        }
+        for key in ["val_inputs=[\"v.jsonl\"]", "pack=false"] {
+            let e = load(&[&format!("data.{key}")]).unwrap_err().to_string();
+            let name = key.split('=').next().unwrap();
+            assert!(
+                e.contains(&format!("data.{name}")) && e.contains("text"),
+                "{e}"
+            );
+        }
+        load(&["data.kind=\"sft\"", "data.pack=false"]).unwrap();
+        load(&["data.sampling=\"epochs\""]).unwrap();
     }
 }

@@ -55,17 +55,32 @@ pub enum TrainError {
         diffs: String,
     },
 
-    /// The loss became NaN or infinite.
+    /// A NaN or Inf in the loss, the gradients or the updated weights.
     #[error(
-        "non-finite loss ({loss}) at step {step}; the run stopped and the last good checkpoint ({last_good}) is kept"
+        "non-finite {what} at step {step}{param}; the run stopped before {action}, and the last good checkpoint ({last_good}) is kept"
     )]
-    NonFiniteLoss {
-        /// Optimizer step (1-based) whose loss was bad.
+    NonFinite {
+        /// Optimizer step (1-based) where it was found.
         step: usize,
-        /// The value.
-        loss: f64,
+        /// What was not finite, with its value (e.g. `loss (NaN)`, `gradient norm (inf)`).
+        what: String,
+        /// `, first in parameter NAME` when a parameter is to blame, else empty.
+        param: String,
+        /// What was not done (`the update`, `writing a checkpoint`).
+        action: &'static str,
         /// Description of the newest checkpoint.
         last_good: String,
+    },
+
+    /// Another process trains in this run directory.
+    #[error(
+        "run directory {path} is in use by {holder} (its train.lock is held); wait for it to finish, stop it, or choose another --run-dir"
+    )]
+    RunDirLocked {
+        /// The run directory.
+        path: PathBuf,
+        /// `PID n` of the holder.
+        holder: String,
     },
 
     /// Model errors (config, weights).

@@ -3,17 +3,20 @@
 //! checkpoints with exact resume, fine-tuning (full or LoRA), plots and benchmarks.
 //!
 //! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`trainer`],
-//! [`checkpoint`], [`metrics`], [`plot`].
+//! [`guard`], [`checkpoint`], [`resume`], [`lock`], [`metrics`], [`plot`].
 
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod guard;
+pub mod lock;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod plot;
+pub mod resume;
 pub mod schedule;
 pub mod trainer;
 

@@ -99,8 +99,13 @@ pub fn clip_global_norm<M: Module>(
     max_norm: f64,
 ) -> Result<f64> {
     let norm = grad_norm(model, grads)?;
+    clip_to_norm(model, grads, norm, max_norm);
+    Ok(norm)
+}
+
+/// [`clip_global_norm`] with the norm already measured.
+pub fn clip_to_norm<M: Module>(model: &M, grads: &mut GradientsParams, norm: f64, max_norm: f64) {
     if max_norm > 0.0 && norm > max_norm {
         scale_grads(model, grads, max_norm / (norm + 1e-6));
     }
-    Ok(norm)
 }

@@ -15,11 +15,13 @@ pub fn learning_rate(
     sched: &ScheduleConfig,
 ) -> f64 {
     let (peak, floor) = (opt.lr, sched.min_lr);
-    if step < sched.warmup_steps {
-        return peak * (step + 1) as f64 / sched.warmup_steps as f64;
+    // A run shorter than its warmup clips the warmup (the config prints a warning).
+    let warmup = sched.warmup_steps.min(max_steps);
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
     }
-    let decay_steps = max_steps.saturating_sub(sched.warmup_steps).max(1);
-    let progress = ((step - sched.warmup_steps) as f64 / decay_steps as f64).min(1.0);
+    let decay_steps = max_steps.saturating_sub(warmup).max(1);
+    let progress = ((step - warmup) as f64 / decay_steps as f64).min(1.0);
     match sched.decay.as_str() {
         "constant" => peak,
         "linear" => floor + (peak - floor) * (1.0 - progress),
@@ -51,5 +53,29 @@ mod tests {
         assert!((learning_rate(10, 110, &opt, &sched) - 1.0).abs() < 1e-12);
         assert!((learning_rate(60, 110, &opt, &sched) - 0.55).abs() < 1e-12);
         assert!((learning_rate(110, 110, &opt, &sched) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_run_shorter_than_its_warmup_clips_the_warmup() {
+        let opt = OptimizerConfig {
+            lr: 1.0,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip: 0.0,
+        };
+        let sched = ScheduleConfig {
+            warmup_steps: 30,
+            min_lr: 0.1,
+            decay: "cosine".into(),
+        };
+        // 16 steps: warmup over all 16, peak at the last one, never above the peak.
+        let lrs: Vec<f64> = (0..16)
+            .map(|s| learning_rate(s, 16, &opt, &sched))
+            .collect();
+        assert!((lrs[0] - 1.0 / 16.0).abs() < 1e-12);
+        assert!((lrs[15] - 1.0).abs() < 1e-12);
+        assert!(lrs.windows(2).all(|w| w[0] < w[1]));
     }
 }

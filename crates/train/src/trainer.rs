@@ -23,15 +23,17 @@ use qwen_burn_model::{
 use serde_json::json;
 
 use crate::checkpoint::{
-    FORMAT_VERSION, TrainState, apply_lora, apply_retention, latest_checkpoint,
+    FORMAT_VERSION, ModelDir, TrainState, apply_lora, apply_retention, latest_checkpoint,
     load_checkpoint_model, load_model_merged, load_state, remove_partial_checkpoints,
     resolve_model_dir, save_checkpoint,
 };
-use crate::config::{ModelSource, RunConfig};
+use crate::config::{MAX_CONSECUTIVE_SKIPS, ModelSource, OnNonFinite, RunConfig};
 use crate::data::DataPipeline;
 use crate::error::{Result, TrainError};
+use crate::guard::{first_non_finite_grad, first_non_finite_weight};
+use crate::lock::RunLock;
 use crate::metrics::{MetricsLog, Progress, default_peak_tflops, train_flops_per_token};
-use crate::optim::{build_optimizer, clip_global_norm};
+use crate::optim::{build_optimizer, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
 use crate::schedule::learning_rate;
 
@@ -158,11 +160,12 @@ pub fn forward_backward_part(
                 moe.num_experts_per_tok,
                 mask_f.as_ref(),
             );
-            if moe.router_aux_loss_coef > 0.0 {
+            // As in HF, the router losses enter the loss only with output_router_logits.
+            if moe.output_router_logits && moe.router_aux_loss_coef > 0.0 {
                 loss = loss + aux.clone() * (moe.router_aux_loss_coef / k);
             }
             *aux_total.get_or_insert(0.0) += read_scalar(aux)? / k;
-            if moe.router_z_loss_coef > 0.0 {
+            if moe.output_router_logits && moe.router_z_loss_coef > 0.0 {
                 let z = router_z_loss(&logits);
                 loss = loss + z.clone() * (moe.router_z_loss_coef / k);
                 *z_total.get_or_insert(0.0) += read_scalar(z)? / k;
@@ -321,25 +324,24 @@ fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
     }
 }
 
-/// Field-by-field differences between two architectures, one per line.
-pub fn architecture_diff(old: &Qwen3Config, new: &Qwen3Config) -> Vec<String> {
-    let (a, b) = (old.to_hf_json(), new.to_hf_json());
-    let keys: std::collections::BTreeSet<&String> = a
-        .as_object()
-        .into_iter()
-        .chain(b.as_object())
-        .flat_map(|m| m.keys())
-        .collect();
-    keys.into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| {
-            format!(
-                "  {k}: checkpoint {} vs config {}",
-                a.get(k).map_or("-".into(), |v| v.to_string()),
-                b.get(k).map_or("-".into(), |v| v.to_string())
-            )
-        })
-        .collect()
+/// Copy `generation_config.json` of an HF source model into the run directory, so that
+/// `generate` on the run uses the model's own stop tokens and sampling defaults.
+fn copy_generation_config(config: &RunConfig, run_dir: &Path) -> Result<()> {
+    let ModelSource::Pretrained(path) = &config.model else {
+        return Ok(());
+    };
+    let src = match resolve_model_dir(path)? {
+        ModelDir::Hf(dir) => dir.join("generation_config.json"),
+        ModelDir::Checkpoint(dir) => match dir.parent().and_then(Path::parent) {
+            Some(run) => run.join("generation_config.json"),
+            None => return Ok(()),
+        },
+    };
+    if src.is_file() {
+        let dest = run_dir.join("generation_config.json");
+        std::fs::copy(&src, &dest).map_err(|e| TrainError::io("copy", &src, e))?;
+    }
+    Ok(())
 }
 
 /// Run (or resume) training as the config says.
@@ -352,9 +354,22 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let replicas = Replicas::from_names(&device_name, config.training.grad_accum)?;
     let device = replicas.main().clone();
     let run_dir = &opts.run_dir;
-    std::fs::create_dir_all(run_dir).map_err(|e| TrainError::io("create directory", run_dir, e))?;
+    // Before anything in the run directory is touched: one writer at a time.
+    let _lock = RunLock::acquire(run_dir)?;
     let run_toml = toml::to_string_pretty(&config.table).expect("config serialises");
     let model_config = model_config_of(config)?;
+    for notice in &config.notices {
+        eprintln!("{notice}");
+    }
+    if let Some(moe) = &model_config.moe
+        && !moe.output_router_logits
+        && (moe.router_aux_loss_coef > 0.0 || moe.router_z_loss_coef > 0.0)
+    {
+        eprintln!(
+            "note: output_router_logits = false, so (as in HF) the router losses are logged but \
+             not added to the training loss; set model.output_router_logits = true to train with them"
+        );
+    }
 
     // 1. Model, optimizer and state: fresh, or from the newest good checkpoint.
     remove_partial_checkpoints(run_dir);
@@ -379,25 +394,13 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     };
     let (model, optimizer, state) = match &resume_from {
         Some(dir) => {
-            let saved = Qwen3Config::from_file(&dir.join("config.json"))?;
-            let diffs = architecture_diff(&saved, &model_config);
-            if !diffs.is_empty() {
-                return Err(TrainError::ArchitectureChanged {
-                    path: dir.clone(),
-                    diffs: diffs.join("\n"),
-                });
+            for notice in crate::resume::check_resume(dir, config, &model_config)? {
+                eprintln!("resume: changed since the checkpoint: {notice}");
             }
             let state = load_state(dir)?;
-            if state.lora != config.lora {
-                return Err(TrainError::ArchitectureChanged {
-                    path: dir.clone(),
-                    diffs: format!(
-                        "  lora: checkpoint {:?} vs config {:?}",
-                        state.lora, config.lora
-                    ),
-                });
-            }
-            let model = load_checkpoint_model(dir, &device)?;
+            let mut model = load_checkpoint_model(dir, &device)?;
+            // Same architecture (checked above); the hyperparameters are this run's.
+            model.config = model_config.clone();
             let optim_path = dir.join("optimizer.bpk");
             let optimizer = build_optimizer(&model, &config.optimizer)
                 .load(&optim_path)
@@ -429,10 +432,9 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let cursor = resume_from.as_ref().map(|_| state.data_cursor.clone());
     let mut data = DataPipeline::new(config, cursor.as_ref(), model.config.vocab_size)?;
     if let Some(tok_path) = data.tokenizer_path() {
-        let dest = run_dir.join("tokenizer.json");
-        std::fs::copy(tok_path, &dest)
-            .map_err(|e| TrainError::io("copy tokenizer to", &dest, e))?;
+        qwen_burn_data::tokenizer::copy_tokenizer_json(tok_path, &run_dir.join("tokenizer.json"))?;
     }
+    copy_generation_config(config, run_dir)?;
     std::fs::write(run_dir.join("run.toml"), &run_toml)
         .map_err(|e| TrainError::io("write", run_dir.join("run.toml"), e))?;
     model.config.save(run_dir)?;
@@ -479,7 +481,121 @@ fn abort_after_step_hook(step: usize) {
     }
 }
 
+/// Test hook: stop (sleep) right after step N's records are written, so that a test can
+/// SIGKILL the process between checkpoints at a known point (`QWEN_BURN_PAUSE_AFTER_STEP=N`).
+fn pause_after_step_hook(step: usize) {
+    if std::env::var("QWEN_BURN_PAUSE_AFTER_STEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        == Some(step)
+    {
+        eprintln!("QWEN_BURN_PAUSE_AFTER_STEP: paused after step {step}");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}
+
+/// Test hook: make the gradient of `model.norm.weight` NaN at step N
+/// (`QWEN_BURN_POISON_GRAD_AT_STEP=N`), a finite loss with a non-finite gradient.
+fn poison_grad_hook(step: usize, model: &Qwen3ForCausalLM, grads: &mut GradientsParams) {
+    if std::env::var("QWEN_BURN_POISON_GRAD_AT_STEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        == Some(step)
+    {
+        let id = model.model.norm.weight.id;
+        if let Some(g) = grads.remove::<1>(id) {
+            grads.register(id, g.mul_scalar(f32::NAN));
+        }
+    }
+}
+
+/// What the non-finite guard found in a step.
+struct NonFiniteStep {
+    /// `loss (NaN)`, `gradient norm (inf)`, ...
+    what: String,
+    /// `, first in parameter NAME`, or empty.
+    param: String,
+    /// The weights themselves are no longer finite (nothing to skip back to).
+    weights: bool,
+}
+
 impl Loop<'_> {
+    /// The guard before the update: the loss, the router losses and the global gradient norm
+    /// must be finite. On a non-finite loss the weights are checked too, since a bad earlier
+    /// update, not this batch, may be the cause.
+    fn non_finite(
+        &self,
+        model: &Qwen3ForCausalLM,
+        grads: &GradientsParams,
+        stats: &StepStats,
+    ) -> Result<Option<NonFiniteStep>> {
+        let losses = [
+            ("loss", Some(stats.loss)),
+            ("aux loss", stats.aux_loss),
+            ("z-loss", stats.z_loss),
+        ];
+        if let Some((name, Some(value))) = losses
+            .into_iter()
+            .find(|(_, v)| v.is_some_and(|v| !v.is_finite()))
+        {
+            if let Some(param) = first_non_finite_weight(model)? {
+                return Ok(Some(NonFiniteStep {
+                    what: format!("weights (the {name} is {value})"),
+                    param: format!(", first in parameter {param}"),
+                    weights: true,
+                }));
+            }
+            return Ok(Some(NonFiniteStep {
+                what: format!("{name} ({value})"),
+                param: String::new(),
+                weights: false,
+            }));
+        }
+        if stats.grad_norm.is_finite() {
+            return Ok(None);
+        }
+        let param = first_non_finite_grad(model, grads)?
+            .map_or(String::new(), |p| format!(", first in parameter {p}"));
+        Ok(Some(NonFiniteStep {
+            what: format!("gradient norm ({})", stats.grad_norm),
+            param,
+            weights: false,
+        }))
+    }
+
+    /// Why the current weights must not become a checkpoint: `(what, param)`, or `None` when they
+    /// are finite and score a finite validation loss (`val_loss` if this step measured it, else
+    /// the first validation batch).
+    fn unfit_for_checkpoint(
+        &self,
+        model: &Qwen3ForCausalLM,
+        val_loss: Option<f64>,
+    ) -> Result<Option<(String, String)>> {
+        let valid = model.valid();
+        if let Some(param) = first_non_finite_weight(&valid)? {
+            return Ok(Some((
+                "weights".into(),
+                format!(", first in parameter {param}"),
+            )));
+        }
+        let loss = match val_loss {
+            Some(l) => l,
+            None => evaluate(
+                &valid,
+                &self.data.val_batches()[..self.data.val_batches().len().min(1)],
+                &self.device.clone().without_autodiff(),
+            )?,
+        };
+        Ok((!loss.is_finite()).then(|| {
+            (
+                format!("validation loss ({loss}) of the updated weights"),
+                String::new(),
+            )
+        }))
+    }
+
     fn run(
         mut self,
         mut model: Qwen3ForCausalLM,
@@ -535,6 +651,7 @@ impl Loop<'_> {
             .moe
             .as_ref()
             .map_or(0.0, |m| m.router_bias_update_rate);
+        let mut consecutive_skips = 0usize;
 
         if state.step == 0 && t.eval_interval > 0 {
             // The starting point of the validation curve.
@@ -562,26 +679,52 @@ impl Loop<'_> {
                 cursor = c;
             }
             let (mut grads, mut stats) = self.replicas.step(&model, &batches)?;
-            let total = stats.loss
-                + stats.aux_loss.unwrap_or(0.0)
-                    * model_config
-                        .moe
-                        .as_ref()
-                        .map_or(0.0, |m| m.router_aux_loss_coef);
-            if !stats.loss.is_finite() || !total.is_finite() {
-                return Err(TrainError::NonFiniteLoss {
-                    step: step + 1,
-                    loss: stats.loss,
-                    last_good: last_checkpoint
-                        .as_ref()
-                        .map_or("none written yet".into(), |p| p.display().to_string()),
-                });
-            }
-            stats.grad_norm = clip_global_norm(&model, &mut grads, cfg.optimizer.grad_clip)?;
+            poison_grad_hook(step + 1, &model, &mut grads);
             let lr = learning_rate(step, max_steps, &cfg.optimizer, &cfg.schedule);
-            model = optimizer.step(lr, model, grads);
-            if bias_rate > 0.0 {
-                model = update_routing_biases(model, &stats.expert_counts, bias_rate);
+            // The guard runs before the update: a NaN/Inf loss or gradient norm never reaches
+            // the weights.
+            stats.grad_norm = grad_norm(&model, &grads)?;
+            let bad = self.non_finite(&model, &grads, &stats)?;
+            let skipped = match bad {
+                None => false,
+                Some(bad) => {
+                    let last_good = last_checkpoint
+                        .as_ref()
+                        .map_or("none written yet".into(), |p| p.display().to_string());
+                    let stop = t.on_nonfinite == OnNonFinite::Stop
+                        || bad.weights
+                        || consecutive_skips + 1 >= MAX_CONSECUTIVE_SKIPS;
+                    if stop {
+                        return Err(TrainError::NonFinite {
+                            step: step + 1,
+                            what: if consecutive_skips > 0 {
+                                format!("{} ({} steps in a row)", bad.what, consecutive_skips + 1)
+                            } else {
+                                bad.what
+                            },
+                            param: bad.param,
+                            action: "the update",
+                            last_good,
+                        });
+                    }
+                    progress.line(&format!(
+                        "step {:>6} | skipped: non-finite {}{} (training.on_nonfinite = \"skip\")",
+                        step + 1,
+                        bad.what,
+                        bad.param
+                    ));
+                    true
+                }
+            };
+            if skipped {
+                consecutive_skips += 1;
+            } else {
+                consecutive_skips = 0;
+                clip_to_norm(&model, &mut grads, stats.grad_norm, cfg.optimizer.grad_clip);
+                model = optimizer.step(lr, model, grads);
+                if bias_rate > 0.0 {
+                    model = update_routing_biases(model, &stats.expert_counts, bias_rate);
+                }
             }
             state.step += 1;
             state.tokens_seen += stats.tokens as u64;
@@ -593,7 +736,7 @@ impl Loop<'_> {
             // Metrics.
             let s = state.step;
             let last = s == max_steps;
-            if s.is_multiple_of(cfg.logging.interval) || last || s == 1 {
+            if s.is_multiple_of(cfg.logging.interval) || last || s == 1 || skipped {
                 let secs = window_start.elapsed().as_secs_f64().max(1e-9);
                 let tps = window_tokens as f64 / secs;
                 let mfu = tps * flops_per_token / peak;
@@ -602,6 +745,9 @@ impl Loop<'_> {
                     "tokens_per_sec": tps, "mfu": mfu, "tokens_seen": state.tokens_seen,
                     "elapsed_secs": elapsed_before + started.elapsed().as_secs_f64(),
                 });
+                if skipped {
+                    record["skipped"] = json!(true);
+                }
                 if let Some(aux) = stats.aux_loss {
                     record["aux_loss"] = json!(aux);
                     record["moe"] = json!(stats.routers);
@@ -651,6 +797,19 @@ impl Loop<'_> {
                 self.sample(&model, s, &progress)?;
             }
             if (cfg.checkpoint.interval > 0 && s.is_multiple_of(cfg.checkpoint.interval)) || last {
+                // A checkpoint is "last good" only if its weights are finite and score a finite
+                // loss: an update from finite gradients can still overflow the weights.
+                if let Some(what) = self.unfit_for_checkpoint(&model, state.val_loss)? {
+                    return Err(TrainError::NonFinite {
+                        step: s,
+                        what: what.0,
+                        param: what.1,
+                        action: "writing a checkpoint",
+                        last_good: last_checkpoint
+                            .as_ref()
+                            .map_or("none written yet".into(), |p| p.display().to_string()),
+                    });
+                }
                 state.elapsed_secs = elapsed_before + started.elapsed().as_secs_f64();
                 let dir =
                     save_checkpoint(&self.run_dir, &state, &model, &optimizer, &self.run_toml)?;
@@ -664,6 +823,7 @@ impl Loop<'_> {
             }
             window_start += side_work.elapsed();
             abort_after_step_hook(s);
+            pause_after_step_hook(s);
         }
         progress.finish();
         let elapsed = started.elapsed().as_secs_f64();

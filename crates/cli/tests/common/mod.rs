@@ -17,7 +17,7 @@ pub fn tiny_config(dir: &Path, moe: bool, steps: usize, every: usize, extra: &st
     let root = repo_root();
     let moe_keys = if moe {
         "model_type = \"qwen3_moe\"\nnum_experts = 4\nnum_experts_per_tok = 2\nmoe_intermediate_size = 16\n\
-         norm_topk_prob = true\nrouter_aux_loss_coef = 0.01\nrouter_z_loss_coef = 0.001\nrouter_bias_update_rate = 0.001\n"
+         norm_topk_prob = true\noutput_router_logits = true\nrouter_aux_loss_coef = 0.01\nrouter_z_loss_coef = 0.001\nrouter_bias_update_rate = 0.001\n"
     } else {
         "model_type = \"qwen3\"\n"
     };

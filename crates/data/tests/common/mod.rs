@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use qwen_burn_data::{PrepareOptions, Tok};
 
-/// `../shared` beside the project checkout.
-pub fn shared() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+/// The vendored test tokenizers (see `tests/fixtures/tokenizers/PROVENANCE.md`).
+pub fn fixture_tokenizers() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers")
 }
 
 /// The project's `datasets/` folder.
@@ -17,11 +17,11 @@ pub fn datasets() -> PathBuf {
 }
 
 pub fn qwen_path() -> PathBuf {
-    shared().join("tokenizers/qwen3/tokenizer.json")
+    fixture_tokenizers().join("qwen3/tokenizer.json.gz")
 }
 
 pub fn gpt2_path() -> PathBuf {
-    shared().join("tokenizers/gpt2/tokenizer.json")
+    fixture_tokenizers().join("gpt2/tokenizer.json.gz")
 }
 
 pub fn default_tok_path() -> PathBuf {

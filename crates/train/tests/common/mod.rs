@@ -26,6 +26,7 @@ pub fn tiny_config(moe: bool, initializer_range: Option<f64>, aux_coef: f64) -> 
         v["num_experts_per_tok"] = json!(2);
         v["moe_intermediate_size"] = json!(16);
         v["router_aux_loss_coef"] = json!(aux_coef);
+        v["output_router_logits"] = json!(true);
     }
     Qwen3Config::from_json(&v, true).unwrap()
 }

@@ -1,0 +1,136 @@
+//! `generate` reads the model's `generation_config.json` like HF: its eos list and its sampling
+//! defaults, with the flags winning; the tokenizer's chat end token always stops.
+
+mod common;
+use common::*;
+
+use serde_json::{Value, json};
+
+fn generate(model: &std::path::Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "generate",
+        "--model",
+        s(model),
+        "--prompt-ids",
+        "5,17,300",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = ok(&qwen_burn(&args, &[]));
+    serde_json::from_str(out.trim()).expect("generate --json prints JSON")
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["new_token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn generation_config_sets_stop_tokens_and_sampling_defaults() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 3, 3, "");
+    let run = tmp.path().join("run");
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&run)],
+        &[],
+    ));
+    let hf = tmp.path().join("hf");
+    ok(&qwen_burn(
+        &["export", "--checkpoint", s(&run), "--out", s(&hf)],
+        &[],
+    ));
+    // Like a real Qwen3: config.json names one eos id (here one the model never produces).
+    let cfg_path = hf.join("config.json");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["eos_token_id"] = json!(8000);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+
+    // Without generation_config.json: greedy; stops on config.json's eos and the tokenizer's
+    // <|endoftext|> (0) and <|im_end|> (2).
+    let plain = generate(&hf, &[]);
+    assert_eq!(plain["sampling"]["temperature"], 0.0);
+    assert_eq!(plain["sampling"]["stop_tokens"], json!([8000, 0, 2]));
+    let greedy = ids(&plain);
+    assert!(greedy.len() >= 2, "{greedy:?}");
+    // The last token that first appears before the end: stopping on it must cut the output.
+    let cut = (0..greedy.len() - 1)
+        .rev()
+        .find(|&i| !greedy[..i].contains(&greedy[i]))
+        .unwrap();
+
+    std::fs::write(
+        hf.join("generation_config.json"),
+        json!({"eos_token_id": [greedy[cut], 0], "bos_token_id": 0,
+               "transformers_version": "4.51.0"})
+        .to_string(),
+    )
+    .unwrap();
+    let stopped = generate(&hf, &[]);
+    assert_eq!(ids(&stopped), greedy[..=cut].to_vec());
+    assert_eq!(stopped["stopped_on_eos"], true);
+    assert_eq!(
+        stopped["sampling"]["stop_tokens"],
+        json!([8000, greedy[cut], 0, 2])
+    );
+    assert_eq!(ids(&generate(&hf, &["--ignore-eos"])), greedy);
+
+    // Sampling defaults come from the file; flags override them.
+    std::fs::write(
+        hf.join("generation_config.json"),
+        json!({"eos_token_id": [0], "do_sample": true, "temperature": 0.5, "top_k": 5,
+               "top_p": 0.9, "repetition_penalty": 1.0})
+        .to_string(),
+    )
+    .unwrap();
+    let sampled = generate(&hf, &["--seed", "3"]);
+    let sp = &sampled["sampling"];
+    assert_eq!(
+        (sp["temperature"].as_f64(), sp["top_k"].as_u64()),
+        (Some(0.5), Some(5))
+    );
+    assert!((sp["top_p"].as_f64().unwrap() - 0.9).abs() < 1e-6, "{sp}");
+    let again = generate(&hf, &["--seed", "3"]);
+    assert_eq!(
+        ids(&sampled),
+        ids(&again),
+        "seeded sampling is deterministic"
+    );
+    let forced = generate(&hf, &["--temperature", "0"]);
+    assert_eq!(forced["sampling"]["temperature"], 0.0);
+    assert_eq!(forced["sampling"]["top_k"], Value::Null);
+    let k3 = generate(&hf, &["--top-k", "3", "--temperature", "1.5"]);
+    assert_eq!(k3["sampling"]["top_k"], 3);
+    assert_eq!(k3["sampling"]["temperature"], 1.5);
+
+    // A key that changes the output and is not implemented is named in a warning.
+    std::fs::write(
+        hf.join("generation_config.json"),
+        json!({"eos_token_id": [0], "repetition_penalty": 1.3}).to_string(),
+    )
+    .unwrap();
+    let out = qwen_burn(
+        &[
+            "generate",
+            "--model",
+            s(&hf),
+            "--prompt-ids",
+            "5",
+            "--max-new-tokens",
+            "2",
+        ],
+        &[],
+    );
+    ok(&out);
+    assert!(
+        stderr(&out).contains("not supported by qwen-burn, ignored: repetition_penalty = 1.3"),
+        "{}",
+        stderr(&out)
+    );
+}
