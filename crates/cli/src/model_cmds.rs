@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::tokenizer::Tok;
-use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor, token_nll};
+use qwen_burn_model::loss::{shift_targets, targets_tensor, token_nll};
 use qwen_burn_model::{
     GenerationConfig, Qwen3ForCausalLM, SamplingConfig, SamplingDefaults, device_from_name,
-    generate, load_balancing_loss,
+    generate,
 };
+use qwen_burn_train::step::{assemble_loss, own_fractions};
 use serde_json::json;
 
 use qwen_burn_train::checkpoint::load_model_any as load_any_model;
@@ -153,29 +154,33 @@ pub fn score_rows(
         None
     };
     let n = b * (t - 1);
-    let lm_loss = f64::from(cross_entropy_sum(out.logits, targets).into_scalar::<f32>()) / n as f64;
+    let fractions = own_fractions(&model.config, &out, None);
+    let parts = assemble_loss(
+        &model.config,
+        &out,
+        targets,
+        None,
+        n as f64,
+        1.0,
+        fractions.as_deref(),
+    );
+    let lm_loss = f64::from(parts.ce_sum.into_scalar::<f32>()) / n as f64;
+    let loss = f64::from(parts.loss.into_scalar::<f32>());
     let mut result =
-        json!({"loss": lm_loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
+        json!({"loss": loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
     if let Some(logits) = dumped {
         result["logits"] = json!(logits);
     }
     if let Some(moe) = &model.config.moe {
-        let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
-        let aux = f64::from(
-            load_balancing_loss(&logits, moe.num_experts, moe.num_experts_per_tok, None)
-                .into_scalar::<f32>(),
-        );
-        // HF adds the aux loss to `loss` only with output_router_logits.
-        let coef = if moe.output_router_logits {
-            moe.router_aux_loss_coef
-        } else {
-            0.0
-        };
-        let loss = lm_loss + coef * aux;
-        result["aux_loss"] = json!(aux);
-        result["output_router_logits"] = json!(moe.output_router_logits);
+        result["router_aux_loss_type"] = json!(moe.router_aux_loss_type.as_str());
         result["router_aux_loss_coef"] = json!(moe.router_aux_loss_coef);
-        result["loss"] = json!(loss);
+        result["output_router_logits"] = json!(moe.output_router_logits);
+    }
+    if let Some(aux) = parts.aux {
+        result["aux_loss"] = json!(f64::from(aux.into_scalar::<f32>()));
+    }
+    if let Some(z) = parts.z {
+        result["z_loss"] = json!(f64::from(z.into_scalar::<f32>()));
     }
     Ok(result)
 }

@@ -110,6 +110,60 @@ pub struct MoeConfig {
     pub router_z_loss_coef: f64,
     /// Aux-loss-free balancing (DeepSeek-V3): per-expert routing bias update rate; 0 disables it.
     pub router_bias_update_rate: f64,
+    /// Which load-balancing loss `router_aux_loss_coef` weighs (not an HF key; `hf` when absent).
+    pub router_aux_loss_type: BalanceLoss,
+}
+
+/// The load-balancing loss of a MoE model (`router_aux_loss_type`). `f_e` is the fraction of
+/// tokens whose top-k includes expert `e` (so `sum_e f_e = k`) and `P_e` the mean router
+/// probability of `e`; see `moe.rs` for the formulas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BalanceLoss {
+    /// HF `load_balancing_loss_func`: `E * sum_e f_e * P_e` over the tokens of all MoE layers
+    /// pooled together. Balanced value `k`. A layer that overloads one expert can be offset by
+    /// another that overloads a different one.
+    #[default]
+    Hf,
+    /// Switch / GShard: `E * sum_e f_e * P_e` per MoE layer, averaged over layers. Balanced `k`.
+    PerLayer,
+    /// DeepSeek-V3's sequence-wise loss: `sum_e f'_e * P_e` per sequence and layer with
+    /// `f'_e = E / k * f_e`, averaged over sequences and layers. Balanced value `1`.
+    Sequence,
+    /// Qwen's global-batch loss (Qiu et al., 2025): as `per_layer`, but `f_e` counted over every
+    /// micro-batch and data-parallel replica of the optimizer step. Balanced `k`.
+    GlobalBatch,
+}
+
+impl BalanceLoss {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BalanceLoss::Hf => "hf",
+            BalanceLoss::PerLayer => "per_layer",
+            BalanceLoss::Sequence => "sequence",
+            BalanceLoss::GlobalBatch => "global_batch",
+        }
+    }
+
+    /// Parse the config spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            BalanceLoss::Hf,
+            BalanceLoss::PerLayer,
+            BalanceLoss::Sequence,
+            BalanceLoss::GlobalBatch,
+        ]
+        .into_iter()
+        .find(|b| b.as_str() == s)
+    }
+
+    /// The loss of a perfectly balanced router.
+    pub fn balanced_value(self, top_k: usize) -> f64 {
+        match self {
+            BalanceLoss::Sequence => 1.0,
+            _ => top_k as f64,
+        }
+    }
 }
 
 /// A Qwen3 / Qwen3-MoE configuration with HF field names.
@@ -193,6 +247,7 @@ const KNOWN_KEYS: &[&str] = &[
     "mlp_only_layers",
     "router_z_loss_coef",
     "router_bias_update_rate",
+    "router_aux_loss_type",
     "architectures",
     "torch_dtype",
     "dtype",
@@ -213,6 +268,7 @@ const MOE_ONLY_KEYS: &[&str] = &[
     "mlp_only_layers",
     "router_z_loss_coef",
     "router_bias_update_rate",
+    "router_aux_loss_type",
 ];
 
 /// Typed accessors over a JSON object that name the field in every error.
@@ -386,6 +442,17 @@ impl Qwen3Config {
                 },
                 router_z_loss_coef: f.f64("router_z_loss_coef")?.unwrap_or(0.0),
                 router_bias_update_rate: f.f64("router_bias_update_rate")?.unwrap_or(0.0),
+                router_aux_loss_type: match f.str("router_aux_loss_type")? {
+                    None => BalanceLoss::Hf,
+                    Some(s) => BalanceLoss::parse(s).ok_or_else(|| {
+                        ModelError::invalid(
+                            "router_aux_loss_type",
+                            format!(
+                                "unknown `{s}` (expected hf, per_layer, sequence or global_batch)"
+                            ),
+                        )
+                    })?,
+                },
             }),
         };
         if strict
@@ -648,6 +715,12 @@ impl Qwen3Config {
             map.insert("mlp_only_layers".into(), json!(moe.mlp_only_layers));
             if moe.router_z_loss_coef > 0.0 {
                 map.insert("router_z_loss_coef".into(), json!(moe.router_z_loss_coef));
+            }
+            if moe.router_aux_loss_type != BalanceLoss::Hf {
+                map.insert(
+                    "router_aux_loss_type".into(),
+                    json!(moe.router_aux_loss_type.as_str()),
+                );
             }
             if moe.router_bias_update_rate > 0.0 {
                 map.insert(

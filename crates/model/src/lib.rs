@@ -25,12 +25,14 @@ pub mod rms_norm;
 pub mod rope;
 pub mod weights;
 
-pub use config::{ModelType, MoeConfig, Qwen3Config, RopeScaling};
+pub use config::{BalanceLoss, ModelType, MoeConfig, Qwen3Config, RopeScaling};
 pub use device::device_from_name;
 pub use error::{ModelError, Result};
 pub use generate::{Generation, SamplingConfig, generate};
 pub use generation_config::{GenerationConfig, SamplingDefaults};
 pub use kv_cache::KvCache;
 pub use model::{ModelOutput, Qwen3ForCausalLM};
-pub use moe::{RouterOutput, RouterStats, load_balancing_loss, router_z_loss};
+pub use moe::{
+    RouterOutput, RouterStats, balancing_loss, load_balancing_loss, router_z_loss, selection_counts,
+};
 pub use weights::SafetensorsCheckpoint;

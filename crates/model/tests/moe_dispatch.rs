@@ -115,3 +115,83 @@ fn aux_loss_of_a_balanced_router_is_k() {
         "balanced aux loss {aux}, expected 2"
     );
 }
+
+/// Aux-loss-free balancing: the routing bias changes which experts are chosen, never the
+/// weights they are combined with (the unbiased router probabilities), and no gradient reaches
+/// the bias.
+#[test]
+fn routing_bias_changes_selection_only() {
+    let device = Device::flex().autodiff();
+    let config = Qwen3Config::from_json(
+        &json!({
+            "model_type": "qwen3_moe", "vocab_size": 16, "hidden_size": 24, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 12,
+            "norm_topk_prob": false, "initializer_range": 0.3, "router_bias_update_rate": 0.01,
+        }),
+        true,
+    )
+    .unwrap();
+    let model = init_weights(Qwen3ForCausalLM::new(&config, &device), 7);
+    let mut moe = match model.model.layers.into_iter().next().unwrap().mlp {
+        FeedForward::Sparse(moe) => moe,
+        FeedForward::Dense(_) => panic!("layer 0 must be MoE"),
+    };
+    // Expert 5 gets a bias far above any probability gap: it is in every token's top-2.
+    let bias_id = moe.routing_bias.as_ref().unwrap().id;
+    let bias = Tensor::<1>::from_data(
+        TensorData::new(vec![0.0f32, 0.0, 0.0, 0.0, 0.0, 5.0], [6]),
+        &device,
+    );
+    moe.routing_bias =
+        Some(burn::module::Param::initialized(bias_id, bias).set_require_grad(false));
+    let x = random([2, 4, 24], 21, &device).require_grad();
+    let (y, router) = moe.forward(x.clone());
+    assert_eq!(
+        router.expert_counts[5], 8,
+        "the bias put expert 5 in every top-2"
+    );
+
+    // Reference: selection = top-2 of (p + bias), weights = the unbiased p of those experts.
+    let n = 8;
+    let xf = x.clone().reshape([n, 24]);
+    let probs = burn::tensor::activation::softmax(moe.gate.forward(xf.clone()), 1);
+    let p: Vec<f32> = probs.clone().try_into_vec_as::<f32>().unwrap();
+    let b = [0.0f32, 0.0, 0.0, 0.0, 0.0, 5.0];
+    let mut routing = vec![0.0f32; n * 6];
+    let mut unbiased_top2_has_5 = 0;
+    for t in 0..n {
+        let row = &p[t * 6..(t + 1) * 6];
+        let mut order: Vec<usize> = (0..6).collect();
+        order.sort_by(|&i, &j| (row[j] + b[j]).total_cmp(&(row[i] + b[i])));
+        for &e in &order[..2] {
+            routing[t * 6 + e] = row[e];
+        }
+        let mut plain: Vec<usize> = (0..6).collect();
+        plain.sort_by(|&i, &j| row[j].total_cmp(&row[i]));
+        unbiased_top2_has_5 += usize::from(plain[..2].contains(&5));
+    }
+    assert!(
+        unbiased_top2_has_5 < n,
+        "without the bias expert 5 is not always chosen"
+    );
+    let routing = Tensor::<2>::from_data(TensorData::new(routing, [n, 6]), &device);
+    let mut want = Tensor::<2>::zeros([n, 24], &device);
+    for (e, expert) in moe.experts.iter().enumerate() {
+        want = want + expert.forward(xf.clone()) * routing.clone().narrow(1, e, 1);
+    }
+    let diff = max_diff(y.clone().reshape([n, 24]), want);
+    assert!(
+        diff <= TOL,
+        "combine weights are not the unbiased probabilities: {diff}"
+    );
+    let grads = y.sum().backward();
+    assert!(
+        moe.routing_bias
+            .as_ref()
+            .unwrap()
+            .val()
+            .grad(&grads)
+            .is_none()
+    );
+}

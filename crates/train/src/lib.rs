@@ -2,7 +2,7 @@
 //! global-norm clipping, gradient accumulation, MoE losses and balancing), metrics, step
 //! checkpoints with exact resume, fine-tuning (full or LoRA), plots and benchmarks.
 //!
-//! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`trainer`],
+//! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`step`], [`trainer`],
 //! [`guard`], [`checkpoint`], [`resume`], [`lock`], [`metrics`], [`plot`].
 
 pub mod bench;
@@ -18,6 +18,7 @@ pub mod parallel;
 pub mod plot;
 pub mod resume;
 pub mod schedule;
+pub mod step;
 pub mod trainer;
 
 pub use config::RunConfig;

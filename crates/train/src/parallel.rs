@@ -27,7 +27,7 @@ use qwen_burn_data::Batch;
 use qwen_burn_model::{Qwen3ForCausalLM, device_from_name};
 
 use crate::error::{Result, TrainError};
-use crate::trainer::{StepStats, count_targets, forward_backward_part};
+use crate::step::{StepStats, StepSync, count_targets, forward_backward_part};
 
 /// The devices of a run; the first holds the master weights and the optimizer.
 #[derive(Debug, Clone)]
@@ -86,7 +86,14 @@ impl Replicas {
         let total_targets = batches.iter().map(count_targets).sum::<usize>();
         let total_micro = batches.len();
         if self.devices.len() == 1 {
-            return forward_backward_part(model, batches, self.main(), total_targets, total_micro);
+            return forward_backward_part(
+                model,
+                batches,
+                self.main(),
+                total_targets,
+                total_micro,
+                None,
+            );
         }
         if !batches.len().is_multiple_of(self.devices.len()) {
             return Err(TrainError::config(
@@ -99,6 +106,9 @@ impl Replicas {
             ));
         }
         let share = batches.len() / self.devices.len();
+        // `global_batch` balancing: the replicas sum their expert counts before any backward.
+        let sync = StepSync::new(self.devices.len());
+        let sync = &sync;
         let results: Vec<Result<(GradientsParams, StepStats)>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .devices
@@ -117,7 +127,14 @@ impl Replicas {
                         model.clone().fork(device)
                     };
                     scope.spawn(move || {
-                        forward_backward_part(&replica, part, device, total_targets, total_micro)
+                        forward_backward_part(
+                            &replica,
+                            part,
+                            device,
+                            total_targets,
+                            total_micro,
+                            Some(sync),
+                        )
                     })
                 })
                 .collect();

@@ -10,16 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::module::{Module, Param};
-use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::{Device, Tensor, TensorData};
 use qwen_burn_data::Batch;
 use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::loss::cross_entropy_sum;
-use qwen_burn_model::{
-    Qwen3Config, Qwen3ForCausalLM, RouterStats, SamplingConfig, generate, load_balancing_loss,
-    router_z_loss,
-};
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
 use serde_json::json;
 
 use crate::checkpoint::{
@@ -36,6 +33,10 @@ use crate::metrics::{MetricsLog, Progress, default_peak_tflops, train_flops_per_
 use crate::optim::{build_optimizer, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
 use crate::schedule::learning_rate;
+use crate::step::read_scalar;
+pub use crate::step::{
+    StepStats, batch_tensors, count_targets, forward_backward, forward_backward_part,
+};
 
 /// How to launch a run (what the CLI flags say).
 #[derive(Debug, Clone)]
@@ -63,25 +64,6 @@ pub struct RunSummary {
     pub checkpoint: Option<PathBuf>,
 }
 
-/// One step's scalar results.
-#[derive(Debug, Clone)]
-pub struct StepStats {
-    /// Mean next-token cross-entropy over the step's target tokens.
-    pub loss: f64,
-    /// Unweighted MoE load-balancing loss (mean over micro-batches), if MoE.
-    pub aux_loss: Option<f64>,
-    /// Router z-loss (mean over micro-batches), if enabled.
-    pub z_loss: Option<f64>,
-    /// Global gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Tokens processed (inputs of all micro-batches).
-    pub tokens: usize,
-    /// Per-MoE-layer routing statistics of the last micro-batch.
-    pub routers: Vec<RouterStats>,
-    /// Per-MoE-layer expert counts summed over the micro-batches (for bias balancing).
-    pub expert_counts: Vec<Vec<usize>>,
-}
-
 fn git_revision() -> String {
     std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
@@ -90,145 +72,6 @@ fn git_revision() -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into())
-}
-
-/// Batch tensors on `device`: inputs `[b, t]`, targets `[b, t]`, optional padding mask.
-pub fn batch_tensors(
-    batch: &Batch,
-    device: &Device,
-) -> (Tensor<2, Int>, Tensor<2, Int>, Option<Tensor<2, Bool>>) {
-    let (b, t) = (batch.batch_size, batch.seq_len);
-    let inputs: Vec<i64> = batch.inputs.iter().map(|&i| i64::from(i)).collect();
-    let inputs = Tensor::from_data(TensorData::new(inputs, [b, t]), device);
-    let targets = Tensor::from_data(TensorData::new(batch.targets.clone(), [b, t]), device);
-    let mask = batch.attention_mask.as_ref().map(|m| {
-        let m: Vec<bool> = m.iter().map(|&x| x != 0).collect();
-        Tensor::from_data(TensorData::new(m, [b, t]), device)
-    });
-    (inputs, targets, mask)
-}
-
-/// Targets that count in the loss.
-pub fn count_targets(batch: &Batch) -> usize {
-    batch.targets.iter().filter(|&&t| t >= 0).count()
-}
-
-/// Forward + backward of one optimizer step over `batches` (gradient accumulation), returning
-/// the summed gradients and the step's statistics. The cross-entropy of every micro-batch is
-/// divided by the number of target tokens of the whole step, so k micro-batches give exactly
-/// the gradient of one batch k times larger; MoE aux and z losses are per micro-batch (as HF
-/// computes them per forward) and averaged over the k micro-batches.
-pub fn forward_backward(
-    model: &Qwen3ForCausalLM,
-    batches: &[Batch],
-    device: &Device,
-) -> Result<(GradientsParams, StepStats)> {
-    let total_targets = batches.iter().map(count_targets).sum::<usize>();
-    forward_backward_part(model, batches, device, total_targets, batches.len())
-}
-
-/// [`forward_backward`] over a part of a step (one device's share under data parallelism):
-/// losses are normalised by the whole step's `total_targets` and `total_micro` micro-batches,
-/// so the parts' gradients and statistics add up to the whole step's.
-pub fn forward_backward_part(
-    model: &Qwen3ForCausalLM,
-    batches: &[Batch],
-    device: &Device,
-    total_targets: usize,
-    total_micro: usize,
-) -> Result<(GradientsParams, StepStats)> {
-    let total_targets = total_targets.max(1);
-    let k = total_micro.max(1) as f64;
-    let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
-    let mut ce_total = 0.0f64;
-    let (mut aux_total, mut z_total) = (None::<f64>, None::<f64>);
-    let mut routers = Vec::new();
-    let mut counts: Vec<Vec<usize>> = Vec::new();
-    let mut tokens = 0;
-    for batch in batches {
-        tokens += batch.batch_size * batch.seq_len;
-        let (inputs, targets, mask) = batch_tensors(batch, device);
-        let out = model.forward(inputs, mask.clone(), None);
-        let ce_sum = cross_entropy_sum(out.logits, targets);
-        let mut loss = ce_sum.clone() / total_targets as f64;
-        if let Some(moe) = &model.config.moe {
-            let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
-            let mask_f = mask.map(|m| m.float());
-            let aux = load_balancing_loss(
-                &logits,
-                moe.num_experts,
-                moe.num_experts_per_tok,
-                mask_f.as_ref(),
-            );
-            // As in HF, the router losses enter the loss only with output_router_logits.
-            if moe.output_router_logits && moe.router_aux_loss_coef > 0.0 {
-                loss = loss + aux.clone() * (moe.router_aux_loss_coef / k);
-            }
-            *aux_total.get_or_insert(0.0) += read_scalar(aux)? / k;
-            if moe.output_router_logits && moe.router_z_loss_coef > 0.0 {
-                let z = router_z_loss(&logits);
-                loss = loss + z.clone() * (moe.router_z_loss_coef / k);
-                *z_total.get_or_insert(0.0) += read_scalar(z)? / k;
-            }
-            if counts.is_empty() {
-                counts = out
-                    .routers
-                    .iter()
-                    .map(|r| vec![0; r.expert_counts.len()])
-                    .collect();
-            }
-            for (acc, r) in counts.iter_mut().zip(&out.routers) {
-                acc.iter_mut()
-                    .zip(&r.expert_counts)
-                    .for_each(|(a, c)| *a += c);
-            }
-            routers = out.routers;
-        }
-        ce_total += read_scalar(ce_sum)?;
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        accumulator.accumulate(model, grads);
-    }
-    let stats = StepStats {
-        loss: ce_total / total_targets as f64,
-        aux_loss: aux_total,
-        z_loss: z_total,
-        grad_norm: 0.0,
-        tokens,
-        routers: routers.iter().map(RouterStats::from_output).collect(),
-        expert_counts: counts,
-    };
-    Ok((accumulator.grads(), stats))
-}
-
-impl StepStats {
-    /// Add another part of the same step (see [`forward_backward_part`]).
-    pub fn merge(mut self, other: StepStats) -> StepStats {
-        let add = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
-        };
-        self.loss += other.loss;
-        self.aux_loss = add(self.aux_loss, other.aux_loss);
-        self.z_loss = add(self.z_loss, other.z_loss);
-        self.tokens += other.tokens;
-        if self.expert_counts.is_empty() {
-            self.expert_counts = other.expert_counts;
-        } else {
-            for (a, b) in self.expert_counts.iter_mut().zip(&other.expert_counts) {
-                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-            }
-        }
-        if self.routers.is_empty() {
-            self.routers = other.routers;
-        }
-        self
-    }
-}
-
-fn read_scalar(t: Tensor<1>) -> Result<f64> {
-    t.try_into_scalar::<f32>()
-        .map(f64::from)
-        .map_err(|e| TrainError::Device(format!("{e:?}")))
 }
 
 /// Aux-loss-free balancing (DeepSeek-V3): after each optimizer step move each expert's routing
@@ -750,7 +593,8 @@ impl Loop<'_> {
                 }
                 if let Some(aux) = stats.aux_loss {
                     record["aux_loss"] = json!(aux);
-                    record["moe"] = json!(stats.routers);
+                    record["moe"] = json!(stats.router_stats());
+                    record["moe_pooled"] = json!(stats.pooled_router_stats());
                 }
                 if let Some(z) = stats.z_loss {
                     record["z_loss"] = json!(z);
@@ -764,7 +608,7 @@ impl Loop<'_> {
                 );
                 if let Some(aux) = stats.aux_loss {
                     let imbalance = stats
-                        .routers
+                        .router_stats()
                         .iter()
                         .map(|r| r.max_over_mean_load)
                         .fold(0.0, f64::max);
@@ -879,4 +723,38 @@ pub fn default_run_dir(config_path: &Path) -> PathBuf {
         .file_stem()
         .map_or("run".into(), |s| s.to_string_lossy().to_string());
     PathBuf::from("runs").join(stem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::Module;
+    use serde_json::json;
+
+    /// The aux-loss-free update moves each expert's bias against its load: up for experts below
+    /// the mean load, down above it, unchanged at the mean.
+    #[test]
+    fn routing_bias_update_has_the_right_sign() {
+        let config = Qwen3Config::from_json(
+            &json!({
+                "model_type": "qwen3_moe", "vocab_size": 16, "hidden_size": 8,
+                "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 4, "num_experts": 4,
+                "num_experts_per_tok": 2, "router_bias_update_rate": 0.1,
+            }),
+            true,
+        )
+        .unwrap();
+        let model = Qwen3ForCausalLM::new(&config, &Device::flex());
+        let before = model.num_params();
+        // Mean load 4: expert 0 overloaded, 1 and 3 underloaded, 2 at the mean.
+        let model = update_routing_biases(model, &[vec![10, 2, 4, 0]], 0.1);
+        let FeedForward::Sparse(moe) = &model.model.layers[0].mlp else {
+            panic!("MoE layer")
+        };
+        let bias = moe.routing_bias.as_ref().unwrap().val();
+        let values = bias.try_into_vec_as::<f32>().unwrap();
+        assert_eq!(values, vec![-0.1, 0.1, 0.0, 0.1]);
+        assert_eq!(model.num_params(), before);
+    }
 }

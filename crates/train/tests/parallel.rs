@@ -4,7 +4,7 @@
 mod common;
 
 use burn::tensor::Device;
-use common::{lcg_batch, tiny_config, worst_grad_diff};
+use common::{lcg_batch, tiny_config, tiny_moe_config, worst_grad_diff};
 use qwen_burn_data::Batch;
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
@@ -31,4 +31,25 @@ fn two_replicas_equal_one_device() {
         assert_eq!(s_one.tokens, s_two.tokens);
         assert!((s_one.aux_loss.unwrap_or(0.0) - s_two.aux_loss.unwrap_or(0.0)).abs() <= 1e-6);
     }
+}
+
+/// `global_batch` counts experts over the whole step: 1 device x 4 micro-batches and
+/// 2 replicas x 2 give the same loss, aux loss and gradients (aux coefficient 0.5, so the aux
+/// gradient is not negligible).
+#[test]
+fn global_batch_is_the_same_on_one_device_and_on_two_replicas() {
+    let config = tiny_moe_config("global_batch", 0.5);
+    let device = Device::flex().autodiff();
+    let model = init_weights(Qwen3ForCausalLM::new(&config, &device), 9);
+    let batches: Vec<Batch> = (0..4).map(|seed| lcg_batch(2, 12, seed)).collect();
+    let (g_one, s_one) = forward_backward(&model, &batches, &device).unwrap();
+    let replicas = Replicas::new(vec![device.clone(), device.clone()]);
+    let (g_two, s_two) = replicas.step(&model, &batches).unwrap();
+    let (worst, count) = worst_grad_diff(&model, &g_one, &g_two);
+    let (a1, a2) = (s_one.aux_loss.unwrap(), s_two.aux_loss.unwrap());
+    println!("global_batch: {count} grads, worst diff {worst:.2e}, aux {a1} vs {a2}");
+    assert!(worst <= 1e-6, "gradients differ by {worst}");
+    assert!((s_one.loss - s_two.loss).abs() <= 1e-6);
+    assert!((a1 - a2).abs() <= 1e-6, "aux {a1} vs {a2}");
+    assert_eq!(s_one.expert_counts, s_two.expert_counts);
 }

@@ -31,6 +31,14 @@ pub fn tiny_config(moe: bool, initializer_range: Option<f64>, aux_coef: f64) -> 
     Qwen3Config::from_json(&v, true).unwrap()
 }
 
+/// The MoE [`tiny_config`] with the balancing loss `kind` (`hf`, `per_layer`, `sequence`,
+/// `global_batch`) at coefficient `aux_coef`.
+pub fn tiny_moe_config(kind: &str, aux_coef: f64) -> Qwen3Config {
+    let mut v = tiny_config(true, None, aux_coef).to_hf_json();
+    v["router_aux_loss_type"] = json!(kind);
+    Qwen3Config::from_json(&v, false).unwrap()
+}
+
 /// `rows` windows of `t + 1` pseudo-random tokens below 64 (a fixed LCG seeded by `seed`) as
 /// `[rows, t]` inputs and next-token targets.
 pub fn lcg_batch(rows: usize, t: usize, seed: u64) -> Batch {

@@ -1,0 +1,383 @@
+//! One training step's forward and backward: batch tensors, the loss (assembled in one place,
+//! [`assemble_loss`], which `train`, `bench` and `score` share), gradient accumulation over
+//! micro-batches, and the step's statistics.
+//!
+//! Loss of a step of `k` micro-batches with `N` target tokens in all:
+//! `sum_m ce_sum_m / N + coef_aux * aux + coef_z * z`, where `aux` and `z` are the mean over
+//! micro-batches of each forward's router losses (as HF computes them per forward), except for
+//! `global_batch`, whose `aux` is exactly the loss of the whole step's tokens (see
+//! [`forward_backward_part`]). The router terms enter only with `output_router_logits` (HF).
+
+use std::sync::{Barrier, Mutex};
+
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use qwen_burn_data::Batch;
+use qwen_burn_model::loss::cross_entropy_sum;
+use qwen_burn_model::{
+    BalanceLoss, ModelOutput, Qwen3Config, Qwen3ForCausalLM, RouterStats, balancing_loss,
+    router_z_loss, selection_counts,
+};
+
+use crate::error::{Result, TrainError};
+
+/// One step's scalar results (summed over the step's micro-batches and replicas).
+#[derive(Debug, Clone, Default)]
+pub struct StepStats {
+    /// Mean next-token cross-entropy over the step's target tokens.
+    pub loss: f64,
+    /// Unweighted MoE load-balancing loss of the step, if MoE.
+    pub aux_loss: Option<f64>,
+    /// Router z-loss (mean over micro-batches), if enabled.
+    pub z_loss: Option<f64>,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Tokens processed (inputs of all micro-batches).
+    pub tokens: usize,
+    /// Per MoE layer, slots routed to each expert over the whole step (the selection actually
+    /// used, biased when aux-loss-free balancing is on).
+    pub expert_counts: Vec<Vec<usize>>,
+    /// Per MoE layer, the router entropy averaged over the step's micro-batches.
+    pub router_entropy: Vec<f64>,
+}
+
+impl StepStats {
+    /// Add another part of the same step (see [`forward_backward_part`]).
+    pub fn merge(mut self, other: StepStats) -> StepStats {
+        let add = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+        self.loss += other.loss;
+        self.aux_loss = add(self.aux_loss, other.aux_loss);
+        self.z_loss = add(self.z_loss, other.z_loss);
+        self.tokens += other.tokens;
+        add_counts(&mut self.expert_counts, &other.expert_counts);
+        if self.router_entropy.is_empty() {
+            self.router_entropy = other.router_entropy;
+        } else {
+            for (a, b) in self.router_entropy.iter_mut().zip(&other.router_entropy) {
+                *a += b;
+            }
+        }
+        self
+    }
+
+    /// Routing statistics of each MoE layer over the whole step.
+    pub fn router_stats(&self) -> Vec<RouterStats> {
+        self.expert_counts
+            .iter()
+            .zip(&self.router_entropy)
+            .map(|(counts, &entropy)| RouterStats::from_counts(counts, entropy))
+            .collect()
+    }
+
+    /// The same statistics with all layers pooled (what HF's pooled loss sees).
+    pub fn pooled_router_stats(&self) -> Option<RouterStats> {
+        let first = self.expert_counts.first()?;
+        let mut pooled = vec![0; first.len()];
+        for layer in &self.expert_counts {
+            pooled.iter_mut().zip(layer).for_each(|(a, b)| *a += b);
+        }
+        let layers = self.router_entropy.len().max(1) as f64;
+        let entropy = self.router_entropy.iter().sum::<f64>() / layers;
+        Some(RouterStats::from_counts(&pooled, entropy))
+    }
+}
+
+fn add_counts(acc: &mut Vec<Vec<usize>>, other: &[Vec<usize>]) {
+    if acc.is_empty() {
+        *acc = other.to_vec();
+        return;
+    }
+    for (a, b) in acc.iter_mut().zip(other) {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+    }
+}
+
+/// Batch tensors on `device`: inputs `[b, t]`, targets `[b, t]`, optional padding mask.
+pub fn batch_tensors(
+    batch: &Batch,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2, Int>, Option<Tensor<2, Bool>>) {
+    let (b, t) = (batch.batch_size, batch.seq_len);
+    let inputs: Vec<i64> = batch.inputs.iter().map(|&i| i64::from(i)).collect();
+    let inputs = Tensor::from_data(TensorData::new(inputs, [b, t]), device);
+    let targets = Tensor::from_data(TensorData::new(batch.targets.clone(), [b, t]), device);
+    let mask = batch.attention_mask.as_ref().map(|m| {
+        let m: Vec<bool> = m.iter().map(|&x| x != 0).collect();
+        Tensor::from_data(TensorData::new(m, [b, t]), device)
+    });
+    (inputs, targets, mask)
+}
+
+/// Targets that count in the loss.
+pub fn count_targets(batch: &Batch) -> usize {
+    batch.targets.iter().filter(|&&t| t >= 0).count()
+}
+
+/// The parts of one forward pass's loss.
+pub struct LossParts {
+    /// What to differentiate: `ce_sum / ce_norm + router_weight * (coefs * router losses)`.
+    pub loss: Tensor<1>,
+    /// Summed cross-entropy over the target tokens.
+    pub ce_sum: Tensor<1>,
+    /// Unweighted load-balancing loss (MoE), as configured by `router_aux_loss_type`.
+    pub aux: Option<Tensor<1>>,
+    /// Unweighted router z-loss (MoE with `router_z_loss_coef > 0`).
+    pub z: Option<Tensor<1>>,
+}
+
+/// The one place the training loss is assembled (train, bench, score and eval use it).
+///
+/// `ce_norm` divides the summed cross-entropy (the step's target count); `router_weight`
+/// scales this forward's router losses (its share of the step); `global_fractions` are the
+/// step's selection fractions for `global_batch`.
+pub fn assemble_loss(
+    config: &Qwen3Config,
+    out: &ModelOutput,
+    targets: Tensor<2, Int>,
+    mask: Option<&Tensor<2, Bool>>,
+    ce_norm: f64,
+    router_weight: f64,
+    global_fractions: Option<&[Vec<f64>]>,
+) -> LossParts {
+    let ce_sum = cross_entropy_sum(out.logits.clone(), targets);
+    let mut loss = ce_sum.clone() / ce_norm;
+    let (mut aux, mut z) = (None, None);
+    if let Some(moe) = &config.moe {
+        let [b, _, _] = out.logits.dims();
+        let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+        let mask_f = mask.map(|m| m.clone().float());
+        let a = balancing_loss(
+            moe.router_aux_loss_type,
+            &logits,
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            b,
+            mask_f.as_ref(),
+            global_fractions,
+        );
+        // As in HF, the router losses enter the loss only with output_router_logits.
+        if moe.output_router_logits && moe.router_aux_loss_coef > 0.0 {
+            loss = loss + a.clone() * (moe.router_aux_loss_coef * router_weight);
+        }
+        aux = Some(a);
+        if moe.router_z_loss_coef > 0.0 {
+            let zl = router_z_loss(&logits);
+            if moe.output_router_logits {
+                loss = loss + zl.clone() * (moe.router_z_loss_coef * router_weight);
+            }
+            z = Some(zl);
+        }
+    }
+    LossParts {
+        loss,
+        ce_sum,
+        aux,
+        z,
+    }
+}
+
+/// For a `global_batch` model scored on one forward (`score`, `eval`), that forward is the
+/// whole "step": its own selection fractions. `None` for the other kinds.
+pub fn own_fractions(
+    config: &Qwen3Config,
+    out: &ModelOutput,
+    mask: Option<&Tensor<2, Bool>>,
+) -> Option<Vec<Vec<f64>>> {
+    let moe = config.moe.as_ref()?;
+    if moe.router_aux_loss_type != BalanceLoss::GlobalBatch {
+        return None;
+    }
+    let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+    let mask_f = mask.map(|m| m.clone().float());
+    let (counts, tokens) = selection_counts(&logits, moe.num_experts_per_tok, mask_f.as_ref());
+    Some(fractions(&counts, tokens).0)
+}
+
+pub(crate) fn read_scalar(t: Tensor<1>) -> Result<f64> {
+    t.try_into_scalar::<f32>()
+        .map(f64::from)
+        .map_err(|e| TrainError::Device(format!("{e:?}")))
+}
+
+/// A forward pass kept for its backward: output, targets, padding mask.
+type Forward = (ModelOutput, Tensor<2, Int>, Option<Tensor<2, Bool>>);
+
+/// Where the replicas of one step meet for `global_batch`: each adds the selection counts of
+/// its micro-batches, and all continue with the step's totals.
+pub struct StepSync {
+    barrier: Barrier,
+    totals: Mutex<(Vec<Vec<f64>>, f64)>,
+}
+
+impl StepSync {
+    /// For `replicas` threads.
+    pub fn new(replicas: usize) -> Self {
+        Self {
+            barrier: Barrier::new(replicas),
+            totals: Mutex::new((Vec::new(), 0.0)),
+        }
+    }
+
+    /// Add this replica's counts and tokens; wait for the others; return the step's selection
+    /// fractions (`counts / tokens`) and its real-token count. Counts are whole numbers, so the
+    /// sums do not depend on the order the replicas arrive in.
+    fn exchange(&self, counts: &[Vec<f64>], tokens: f64) -> (Vec<Vec<f64>>, f64) {
+        {
+            let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+            add_f64(&mut totals.0, counts);
+            totals.1 += tokens;
+        }
+        self.barrier.wait();
+        let totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        fractions(&totals.0, totals.1)
+    }
+}
+
+fn add_f64(acc: &mut Vec<Vec<f64>>, other: &[Vec<f64>]) {
+    if acc.is_empty() {
+        *acc = other.to_vec();
+        return;
+    }
+    for (a, b) in acc.iter_mut().zip(other) {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+    }
+}
+
+fn fractions(counts: &[Vec<f64>], tokens: f64) -> (Vec<Vec<f64>>, f64) {
+    let f = counts
+        .iter()
+        .map(|layer| layer.iter().map(|c| c / tokens.max(1.0)).collect())
+        .collect();
+    (f, tokens)
+}
+
+/// Forward + backward of one optimizer step over `batches` (gradient accumulation) on one
+/// device, returning the summed gradients and the step's statistics. `k` micro-batches give
+/// exactly the gradient of one batch `k` times larger for the cross-entropy (normalised by the
+/// step's target count) and for `global_batch`; the other balancing losses are per forward.
+pub fn forward_backward(
+    model: &Qwen3ForCausalLM,
+    batches: &[Batch],
+    device: &Device,
+) -> Result<(GradientsParams, StepStats)> {
+    let total_targets = batches.iter().map(count_targets).sum::<usize>();
+    forward_backward_part(model, batches, device, total_targets, batches.len(), None)
+}
+
+/// [`forward_backward`] over a part of a step (one device's share under data parallelism):
+/// losses are normalised by the whole step's `total_targets` and `total_micro` micro-batches,
+/// so the parts' gradients and statistics add up to the whole step's.
+///
+/// `global_batch` needs the step's expert counts before any router loss can be formed, so it
+/// runs all forwards of the part first (holding their activations, as one large batch would),
+/// meets the other replicas at `sync` to sum the counts, then runs the backwards. Each forward's
+/// balancing loss is then weighted by its share of the step's real tokens, which makes the sum
+/// exactly the loss of the whole step: `E * sum_e f_e(step) * P_e(step)` per layer.
+pub fn forward_backward_part(
+    model: &Qwen3ForCausalLM,
+    batches: &[Batch],
+    device: &Device,
+    total_targets: usize,
+    total_micro: usize,
+    sync: Option<&StepSync>,
+) -> Result<(GradientsParams, StepStats)> {
+    let ce_norm = total_targets.max(1) as f64;
+    let k = total_micro.max(1) as f64;
+    let moe = model.config.moe.as_ref();
+    let global = moe.is_some_and(|m| m.router_aux_loss_type == BalanceLoss::GlobalBatch);
+    let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
+    let mut stats = StepStats::default();
+    let mut ce_total = 0.0;
+
+    let forward = |batch: &Batch| {
+        let (inputs, targets, mask) = batch_tensors(batch, device);
+        let out = model.forward(inputs, mask.clone(), None);
+        (out, targets, mask)
+    };
+    let mut backward = |(out, targets, mask): Forward,
+                        batch: &Batch,
+                        router_weight: f64,
+                        fractions: Option<&[Vec<f64>]>|
+     -> Result<()> {
+        stats.tokens += batch.batch_size * batch.seq_len;
+        let parts = assemble_loss(
+            &model.config,
+            &out,
+            targets,
+            mask.as_ref(),
+            ce_norm,
+            router_weight,
+            fractions,
+        );
+        if let Some(aux) = parts.aux {
+            *stats.aux_loss.get_or_insert(0.0) += read_scalar(aux)? * router_weight;
+        }
+        if let Some(z) = parts.z {
+            *stats.z_loss.get_or_insert(0.0) += read_scalar(z)? / k;
+        }
+        if !out.routers.is_empty() {
+            let counts: Vec<Vec<usize>> = out
+                .routers
+                .iter()
+                .map(|r| r.expert_counts.clone())
+                .collect();
+            add_counts(&mut stats.expert_counts, &counts);
+            let entropy: Vec<f64> = out
+                .routers
+                .iter()
+                .map(|r| RouterStats::mean_entropy(&r.logits) / k)
+                .collect();
+            if stats.router_entropy.is_empty() {
+                stats.router_entropy = entropy;
+            } else {
+                stats
+                    .router_entropy
+                    .iter_mut()
+                    .zip(&entropy)
+                    .for_each(|(a, b)| *a += b);
+            }
+        }
+        ce_total += read_scalar(parts.ce_sum)?;
+        let grads = GradientsParams::from_grads(parts.loss.backward(), model);
+        accumulator.accumulate(model, grads);
+        Ok(())
+    };
+
+    if !global {
+        // Forward then backward, one micro-batch at a time: one micro-batch of activations.
+        for batch in batches {
+            backward(forward(batch), batch, 1.0 / k, None)?;
+        }
+    } else {
+        let top_k = moe.map_or(1, |m| m.num_experts_per_tok);
+        let forwards: Vec<Forward> = batches.iter().map(forward).collect();
+        let mut counts = Vec::new();
+        let mut tokens = 0.0;
+        for (out, _, mask) in &forwards {
+            let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+            let mask_f = mask.as_ref().map(|m| m.clone().float());
+            let (c, t) = selection_counts(&logits, top_k, mask_f.as_ref());
+            add_f64(&mut counts, &c);
+            tokens += t;
+        }
+        let (step_fractions, step_tokens) = match sync {
+            Some(s) => s.exchange(&counts, tokens),
+            None => fractions(&counts, tokens),
+        };
+        for (fwd, batch) in forwards.into_iter().zip(batches) {
+            let real = batch
+                .attention_mask
+                .as_ref()
+                .map_or(batch.batch_size * batch.seq_len, |m| {
+                    m.iter().filter(|&&x| x != 0).count()
+                });
+            let share = real as f64 / step_tokens.max(1.0);
+            backward(fwd, batch, share, Some(&step_fractions))?;
+        }
+    }
+    stats.loss = ce_total / ce_norm;
+    Ok((accumulator.grads(), stats))
+}
