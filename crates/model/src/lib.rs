@@ -26,7 +26,7 @@ pub mod rope;
 pub mod weights;
 
 pub use config::{BalanceLoss, ModelType, MoeConfig, Qwen3Config, RopeScaling};
-pub use device::device_from_name;
+pub use device::{BackendKind, DeviceSet, device_from_name};
 pub use error::{ModelError, Result};
 pub use generate::{Generation, SamplingConfig, generate};
 pub use generation_config::{GenerationConfig, SamplingDefaults};

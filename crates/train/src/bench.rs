@@ -6,15 +6,15 @@ use std::time::Instant;
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
+use qwen_burn_model::{DeviceSet, Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 
 use crate::config::RunConfig;
 use crate::error::Result;
-use crate::metrics::{default_peak_tflops, train_flops_per_token};
-use crate::optim::{build_optimizer, clip_global_norm};
+use crate::metrics::{peak_flops, train_flops_per_token};
+use crate::optim::{apply_update, build_optimizer, clip_global_norm};
 use crate::parallel::Replicas;
 use crate::schedule::learning_rate;
 
@@ -59,17 +59,17 @@ fn median(xs: &mut [f64]) -> f64 {
 }
 
 /// Time `steps` full training steps (forward, backward, clipping, AdamW) after `warmup` ones.
-/// `device_name` may list several devices (`flex,flex`, `cuda:0,cuda:1`): the step's
-/// `grad_accum` micro-batches are then split over data-parallel replicas, as in training.
+/// `devices` may list several (`flex,flex`, `cuda:0,cuda:1`): the step's `grad_accum`
+/// micro-batches are then split over data-parallel replicas, as in training.
 pub fn bench_train(
     config: &RunConfig,
     model_config: &Qwen3Config,
-    device_name: &str,
+    devices: &DeviceSet,
     steps: usize,
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
-    let replicas = Replicas::from_names(device_name, t.grad_accum)?;
+    let replicas = Replicas::for_set(devices, t.grad_accum)?;
     let device = replicas.main().clone();
     let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
     let mut optimizer = build_optimizer(&model, &config.optimizer);
@@ -84,7 +84,7 @@ pub fn bench_train(
         let (mut grads, stats) = replicas.step(&model, &batches)?;
         clip_global_norm(&model, &mut grads, config.optimizer.grad_clip)?;
         let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
-        model = optimizer.step(lr, model, grads);
+        model = apply_update(model, &mut optimizer, lr, grads, &stats);
         device.sync().ok();
         let secs = start.elapsed().as_secs_f64();
         if i >= warmup {
@@ -95,15 +95,11 @@ pub fn bench_train(
     let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;
     let step_median = median(&mut times.clone());
     let tps = tokens / step_median;
-    let peak = config
-        .logging
-        .peak_tflops
-        .unwrap_or_else(|| default_peak_tflops(device_name))
-        * 1e12;
+    let peak = peak_flops(devices, config.logging.peak_tflops);
     let flops = train_flops_per_token(model_config, t.seq_len);
     Ok(json!({
         "bench": "train",
-        "device": device_name,
+        "device": devices.name(),
         "replicas": replicas.len(),
         "model_type": model_config.model_type.as_str(),
         "params": model_config.num_params(),

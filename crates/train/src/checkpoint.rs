@@ -207,7 +207,8 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
 
 /// The parameter group LoRA adapts: the 2-D weights of the named projections.
 pub fn lora_group(lora: &LoraConfig) -> ParamGroup {
-    let pattern = format!(r"\.({})\.weight$", lora.targets.join("|"));
+    let names: Vec<&str> = lora.targets.iter().map(|t| t.as_str()).collect();
+    let pattern = format!(r"\.({})\.weight$", names.join("|"));
     ParamGroup::from_regex(pattern).expect("projection names form a valid regex")
 }
 
@@ -277,6 +278,17 @@ pub fn resolve_model_dir(path: &Path) -> Result<ModelDir> {
                 .into(),
         })
     }
+}
+
+/// A file that belongs with a model: `name` in the model directory, or in its parent or
+/// grandparent (a checkpoint's run directory holds `tokenizer.json` and
+/// `generation_config.json` for all its checkpoints).
+pub fn find_beside(model_path: &Path, name: &str) -> Option<PathBuf> {
+    model_path
+        .ancestors()
+        .take(3)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
 }
 
 /// Load a model from an HF directory, a checkpoint directory, or a run directory (its newest

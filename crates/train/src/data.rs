@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use qwen_burn_data::{
-    Batch, ChatOptions, Cursor, Prefetcher, PrepareOptions, SampleMode, SftDataset, SftSampler,
-    Split, Tok, TokenStore, WindowSampler, eval_batches, prepare,
+    Batch, ChatOptions, Cursor, Prefetcher, PrepareOptions, SftDataset, SftSampler, Split, Tok,
+    TokenStore, WindowSampler, eval_batches, prepare,
 };
 use sha2::{Digest, Sha256};
 
-use crate::config::RunConfig;
+use crate::config::{DataKind, RunConfig};
 use crate::error::{Result, TrainError};
 
 /// Training batches (prefetched) and validation batches of a run.
@@ -64,8 +64,8 @@ impl DataPipeline {
             ));
         }
         let seed = t.seed;
-        let (prefetcher, val) = match d.kind.as_str() {
-            "sft" => {
+        let (prefetcher, val) = match d.kind {
+            DataKind::Sft => {
                 if d.inputs.len() != 1 {
                     return Err(TrainError::config(
                         "data.inputs",
@@ -95,7 +95,7 @@ impl DataPipeline {
                     .collect();
                 (Prefetcher::sft(train, sampler, d.prefetch), val)
             }
-            _ => {
+            DataKind::Text => {
                 let out = d
                     .cache_dir
                     .clone()
@@ -114,13 +114,8 @@ impl DataPipeline {
                 }
                 let hash = tok.hash();
                 let train = Arc::new(TokenStore::open(&out, Split::Train, Some(&hash))?);
-                let mode = if d.sampling == "epochs" {
-                    SampleMode::Epochs
-                } else {
-                    SampleMode::Random
-                };
                 let mut sampler =
-                    WindowSampler::for_store(&train, t.batch_size, t.seq_len, mode, seed)?;
+                    WindowSampler::for_store(&train, t.batch_size, t.seq_len, d.sampling, seed)?;
                 if let Some(c) = cursor {
                     sampler.restore(&restore_cursor(c)?)?;
                 }

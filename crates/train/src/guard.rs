@@ -8,9 +8,13 @@
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
+use qwen_burn_data::Batch;
+use qwen_burn_model::Qwen3ForCausalLM;
 
 use crate::error::{Result, TrainError};
+use crate::eval::evaluate;
+use crate::step::StepStats;
 
 /// Which tensors of a parameter to look at.
 enum Source<'a> {
@@ -110,6 +114,86 @@ pub fn first_non_finite_grad<M: Module>(
 /// The dotted name of the first parameter whose value holds NaN or Inf, if any.
 pub fn first_non_finite_weight<M: Module>(model: &M) -> Result<Option<String>> {
     first_non_finite(model, Source::Weights)
+}
+
+/// What the non-finite guard found in a step.
+pub struct NonFiniteStep {
+    /// `loss (NaN)`, `gradient norm (inf)`, ...
+    pub what: String,
+    /// `, first in parameter NAME`, or empty.
+    pub param: String,
+    /// The weights themselves are no longer finite (nothing to skip back to).
+    pub weights: bool,
+}
+
+/// The guard before the update: the loss, the router losses and the global gradient norm
+/// must be finite. On a non-finite loss the weights are checked too, since a bad earlier
+/// update, not this batch, may be the cause.
+pub fn check_step(
+    model: &Qwen3ForCausalLM,
+    grads: &GradientsParams,
+    stats: &StepStats,
+) -> Result<Option<NonFiniteStep>> {
+    let losses = [
+        ("loss", Some(stats.loss)),
+        ("aux loss", stats.aux_loss),
+        ("z-loss", stats.z_loss),
+    ];
+    if let Some((name, Some(value))) = losses
+        .into_iter()
+        .find(|(_, v)| v.is_some_and(|v| !v.is_finite()))
+    {
+        if let Some(param) = first_non_finite_weight(model)? {
+            return Ok(Some(NonFiniteStep {
+                what: format!("weights (the {name} is {value})"),
+                param: format!(", first in parameter {param}"),
+                weights: true,
+            }));
+        }
+        return Ok(Some(NonFiniteStep {
+            what: format!("{name} ({value})"),
+            param: String::new(),
+            weights: false,
+        }));
+    }
+    if stats.grad_norm.is_finite() {
+        return Ok(None);
+    }
+    let param = first_non_finite_grad(model, grads)?
+        .map_or(String::new(), |p| format!(", first in parameter {p}"));
+    Ok(Some(NonFiniteStep {
+        what: format!("gradient norm ({})", stats.grad_norm),
+        param,
+        weights: false,
+    }))
+}
+
+/// Why the current weights must not become a checkpoint: `(what, param)`, or `None` when they
+/// are finite and score a finite validation loss (`val_loss` if this step measured it, else
+/// the first validation batch).
+pub fn unfit_for_checkpoint(
+    model: &Qwen3ForCausalLM,
+    val_loss: Option<f64>,
+    val_batches: &[Batch],
+    device: &Device,
+) -> Result<Option<(String, String)>> {
+    let valid = model.valid();
+    if let Some(param) = first_non_finite_weight(&valid)? {
+        return Ok(Some((
+            "weights".into(),
+            format!(", first in parameter {param}"),
+        )));
+    }
+    let loss = match val_loss {
+        Some(l) => l,
+        None => evaluate(&valid, &val_batches[..val_batches.len().min(1)], device)?,
+    };
+    Ok((!loss.is_finite()).then(|| {
+        (
+            format!("validation loss ({loss}) of the updated weights"),
+            String::new(),
+        )
+    }))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! global-norm clipping, gradient accumulation, MoE losses and balancing), metrics, step
 //! checkpoints with exact resume, fine-tuning (full or LoRA), plots and benchmarks.
 //!
-//! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`step`], [`trainer`],
+//! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`step`], [`trainer`], [`eval`],
 //! [`guard`], [`checkpoint`], [`resume`], [`lock`], [`metrics`], [`plot`].
 
 pub mod bench;
@@ -10,7 +10,9 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod eval;
 pub mod guard;
+pub mod hooks;
 pub mod lock;
 pub mod metrics;
 pub mod optim;

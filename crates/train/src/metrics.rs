@@ -72,23 +72,10 @@ pub fn read_metrics(path: &Path) -> Result<Vec<Value>> {
         .collect())
 }
 
-/// Peak FLOP/s (in TFLOP/s) assumed for MFU when `logging.peak_tflops` is not set.
-///
-/// CPU: cores x 2.0 GHz x 32 f32 FLOP/cycle (one AVX-512 FMA port), 0.128 TFLOP/s on the
-/// 2-core development machine. CUDA: 67 TFLOP/s (H100 SXM f32, non-tensor-core), since
-/// training runs in f32. wgpu: 10 TFLOP/s, a mid-range discrete GPU. Set the real figure in the
-/// config for meaningful MFU.
-pub fn default_peak_tflops(device: &str) -> f64 {
-    // A device list (`cuda:0,cuda:1`) adds up its accelerators; `flex,flex` is one CPU.
-    let accelerators = device.split(',').count() as f64;
-    if device.starts_with("cuda") {
-        67.0 * accelerators
-    } else if device.starts_with("wgpu") {
-        10.0 * accelerators
-    } else {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        cores as f64 * 2.0e9 * 32.0 / 1e12
-    }
+/// Peak FLOP/s of a run's devices for MFU: `logging.peak_tflops` per device when set, else the
+/// assumed figure of the backend (see [`qwen_burn_model::BackendKind::assumed_peak_flops`]).
+pub fn peak_flops(devices: &qwen_burn_model::DeviceSet, peak_tflops: Option<f64>) -> f64 {
+    devices.peak_flops(peak_tflops.map(|t| t * 1e12))
 }
 
 /// Training FLOPs per token: `6 * active params + 12 * layers * heads * head_dim * seq`

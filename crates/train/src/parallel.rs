@@ -24,7 +24,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
-use qwen_burn_model::{Qwen3ForCausalLM, device_from_name};
+use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 
 use crate::error::{Result, TrainError};
 use crate::step::{StepStats, StepSync, count_targets, forward_backward_part};
@@ -42,13 +42,9 @@ impl Replicas {
         Self { devices }
     }
 
-    /// Autodiff devices from a device list (`flex`, `flex,flex`, `cuda:0,cuda:1`), for steps
-    /// of `grad_accum` micro-batches, which must split evenly over them.
-    pub fn from_names(names: &str, grad_accum: usize) -> Result<Self> {
-        let devices = names
-            .split(',')
-            .map(|name| Ok(device_from_name(name.trim())?.autodiff()))
-            .collect::<Result<Vec<_>>>()?;
+    /// Autodiff replicas of a device list, for steps of `grad_accum` micro-batches, which must
+    /// split evenly over them.
+    pub fn for_set(devices: &DeviceSet, grad_accum: usize) -> Result<Self> {
         if !grad_accum.is_multiple_of(devices.len()) {
             return Err(TrainError::config(
                 "training.grad_accum",
@@ -58,7 +54,13 @@ impl Replicas {
                 ),
             ));
         }
-        Ok(Self::new(devices))
+        Ok(Self::new(
+            devices
+                .devices()
+                .iter()
+                .map(|d| d.clone().autodiff())
+                .collect(),
+        ))
     }
 
     /// The main device.

@@ -1,13 +1,22 @@
-//! What `--resume` accepts: the architecture must match the checkpoint's; everything else (the
-//! schedule horizon, loss coefficients, logging, ...) may change, and each change is printed.
+//! Where a run starts: fresh, or resumed from its newest checkpoint. `--resume` accepts a
+//! config whose architecture matches the checkpoint's; everything else (the schedule horizon,
+//! loss coefficients, logging, ...) may change, and each change is printed.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use qwen_burn_model::Qwen3Config;
+use burn::optim::ModuleOptimizer;
+use burn::tensor::Device;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 
-use crate::config::RunConfig;
+use crate::checkpoint::{
+    FORMAT_VERSION, ModelDir, TrainState, apply_lora, latest_checkpoint, load_checkpoint_model,
+    load_model_merged, load_state, remove_partial_checkpoints, resolve_model_dir,
+};
+use crate::config::{ModelSource, RunConfig};
 use crate::error::{Result, TrainError};
+use crate::optim::build_optimizer;
 
 /// Keys of the HF model config that are training hyperparameters, not architecture: they may
 /// change on resume. `router_bias_update_rate` is one only while it stays non-zero (zero means
@@ -147,6 +156,146 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
             reason: e.to_string(),
         })?;
     Ok(change_notices(&saved, model, &saved_run, &config.table))
+}
+
+/// `git rev-parse HEAD` of the source tree this binary was built from (see `build.rs`), or
+/// "unknown" when it was built outside a git checkout.
+pub const GIT_REVISION: &str = env!("QWEN_BURN_GIT_REVISION");
+
+/// Build (or restore) the model for a run.
+fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> {
+    let model = match &config.model {
+        ModelSource::Scratch(model_config) => init_weights(
+            Qwen3ForCausalLM::new(model_config, device),
+            config.training.seed,
+        ),
+        ModelSource::Pretrained(path) => load_model_merged(path, device)?,
+    };
+    Ok(match &config.lora {
+        Some(lora) => apply_lora(model, lora),
+        None => model,
+    })
+}
+
+pub fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
+    match &config.model {
+        ModelSource::Scratch(c) => Ok((**c).clone()),
+        ModelSource::Pretrained(path) => match resolve_model_dir(path) {
+            Ok(dir) => Ok(Qwen3Config::from_file(&dir.config_path())?),
+            Err(_) => Err(TrainError::config(
+                "model.from",
+                format!(
+                    "{} is neither an HF model directory (config.json), a checkpoint nor a run \
+                     directory with checkpoints",
+                    path.display()
+                ),
+            )),
+        },
+    }
+}
+
+/// Copy `generation_config.json` of an HF source model into the run directory, so that
+/// `generate` on the run uses the model's own stop tokens and sampling defaults.
+pub fn copy_generation_config(config: &RunConfig, run_dir: &Path) -> Result<()> {
+    let ModelSource::Pretrained(path) = &config.model else {
+        return Ok(());
+    };
+    let src = match resolve_model_dir(path)? {
+        ModelDir::Hf(dir) => dir.join("generation_config.json"),
+        ModelDir::Checkpoint(dir) => match dir.parent().and_then(Path::parent) {
+            Some(run) => run.join("generation_config.json"),
+            None => return Ok(()),
+        },
+    };
+    if src.is_file() {
+        let dest = run_dir.join("generation_config.json");
+        std::fs::copy(&src, &dest).map_err(|e| TrainError::io("copy", &src, e))?;
+    }
+    Ok(())
+}
+
+/// Where a run starts: its model, optimizer, training state, and the checkpoint it resumed from.
+pub struct Start {
+    /// The model (LoRA adapters attached when configured).
+    pub model: Qwen3ForCausalLM,
+    /// AdamW with its moments (restored on resume).
+    pub optimizer: ModuleOptimizer,
+    /// Step, tokens, data cursor, ...
+    pub state: TrainState,
+    /// The checkpoint resumed from, if any.
+    pub resumed_from: Option<PathBuf>,
+}
+
+/// A fresh start, or (`resume`) the newest complete checkpoint of `run_dir` after the checks of
+/// [`check_resume`]. A fresh start refuses a run directory that already has checkpoints.
+pub fn start_run(
+    config: &RunConfig,
+    run_dir: &Path,
+    resume: bool,
+    model_config: &Qwen3Config,
+    device: &Device,
+) -> Result<Start> {
+    remove_partial_checkpoints(run_dir);
+    let resumed_from = if resume {
+        Some(
+            latest_checkpoint(run_dir).ok_or_else(|| TrainError::Checkpoint {
+                path: run_dir.to_path_buf(),
+                reason: "--resume given but the run directory has no complete checkpoint".into(),
+            })?,
+        )
+    } else {
+        if latest_checkpoint(run_dir).is_some() {
+            return Err(TrainError::Checkpoint {
+                path: run_dir.to_path_buf(),
+                reason:
+                    "the run directory already has checkpoints; pass --resume to continue it or \
+                         choose another --run-dir"
+                        .into(),
+            });
+        }
+        None
+    };
+    let (model, optimizer, state) = match &resumed_from {
+        Some(dir) => {
+            for notice in check_resume(dir, config, model_config)? {
+                eprintln!("resume: changed since the checkpoint: {notice}");
+            }
+            let state = load_state(dir)?;
+            let mut model = load_checkpoint_model(dir, device)?;
+            // Same architecture (checked above); the hyperparameters are this run's.
+            model.config = model_config.clone();
+            let optim_path = dir.join("optimizer.bpk");
+            let optimizer = build_optimizer(&model, &config.optimizer)
+                .load(&optim_path)
+                .map_err(|e| TrainError::Checkpoint {
+                    path: optim_path,
+                    reason: e.to_string(),
+                })?;
+            (model, optimizer, state)
+        }
+        None => {
+            let model = build_model(config, device)?;
+            let optimizer = build_optimizer(&model, &config.optimizer);
+            let state = TrainState {
+                format_version: FORMAT_VERSION,
+                step: 0,
+                tokens_seen: 0,
+                data_cursor: serde_json::Value::Null,
+                seed: config.training.seed,
+                val_loss: None,
+                elapsed_secs: 0.0,
+                git_revision: GIT_REVISION.into(),
+                lora: config.lora.clone(),
+            };
+            (model, optimizer, state)
+        }
+    };
+    Ok(Start {
+        model,
+        optimizer,
+        state,
+        resumed_from,
+    })
 }
 
 #[cfg(test)]

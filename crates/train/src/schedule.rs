@@ -5,7 +5,7 @@
 //! scheduler rejects learning rates above 1; this is the nanoGPT `get_lr` with the same shape
 //! as HF's `get_cosine_schedule_with_warmup` plus a floor.
 
-use crate::config::{OptimizerConfig, ScheduleConfig};
+use crate::config::{Decay, OptimizerConfig, ScheduleConfig};
 
 /// Learning rate of optimizer step `step` (0-based) of a run of `max_steps` steps.
 pub fn learning_rate(
@@ -22,10 +22,12 @@ pub fn learning_rate(
     }
     let decay_steps = max_steps.saturating_sub(warmup).max(1);
     let progress = ((step - warmup) as f64 / decay_steps as f64).min(1.0);
-    match sched.decay.as_str() {
-        "constant" => peak,
-        "linear" => floor + (peak - floor) * (1.0 - progress),
-        _ => floor + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (peak - floor),
+    match sched.decay {
+        Decay::Constant => peak,
+        Decay::Linear => floor + (peak - floor) * (1.0 - progress),
+        Decay::Cosine => {
+            floor + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (peak - floor)
+        }
     }
 }
 
@@ -46,7 +48,7 @@ mod tests {
         let sched = ScheduleConfig {
             warmup_steps: 10,
             min_lr: 0.1,
-            decay: "cosine".into(),
+            decay: Decay::Cosine,
         };
         assert!((learning_rate(0, 110, &opt, &sched) - 0.1).abs() < 1e-12);
         assert!((learning_rate(9, 110, &opt, &sched) - 1.0).abs() < 1e-12);
@@ -68,7 +70,7 @@ mod tests {
         let sched = ScheduleConfig {
             warmup_steps: 30,
             min_lr: 0.1,
-            decay: "cosine".into(),
+            decay: Decay::Cosine,
         };
         // 16 steps: warmup over all 16, peak at the last one, never above the peak.
         let lrs: Vec<f64> = (0..16)

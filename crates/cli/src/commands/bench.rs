@@ -1,16 +1,16 @@
-//! `qwen-burn bench train|generate`: figures as one JSON object (or a readable line).
+//! `qwen-burn bench train|moe|generate`: figures as one JSON object (or a readable line).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{Qwen3ForCausalLM, device_from_name};
+use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 use qwen_burn_train::RunConfig;
 use qwen_burn_train::bench::{bench_generate, bench_moe_layer, bench_train};
 use qwen_burn_train::config::ModelSource;
 
 #[derive(clap::Subcommand, Debug)]
-pub enum BenchCmd {
+pub enum Cmd {
     /// Training steps on random tokens (forward, backward, clipping, AdamW).
     Train {
         /// Run config (model and batch shape are taken from it).
@@ -22,7 +22,7 @@ pub enum BenchCmd {
         /// Device, or a list for data-parallel replicas (`flex,flex`: two threads on the CPU;
         /// needs training.grad_accum a multiple of the list's length).
         #[arg(long, default_value = "flex")]
-        device: String,
+        device: DeviceSet,
         /// Timed steps.
         #[arg(long, default_value_t = 10)]
         steps: usize,
@@ -40,7 +40,7 @@ pub enum BenchCmd {
         #[arg(long)]
         config: PathBuf,
         #[arg(long, default_value = "flex")]
-        device: String,
+        device: DeviceSet,
         /// Tokens in the batch.
         #[arg(long, default_value_t = 2048)]
         tokens: usize,
@@ -58,7 +58,7 @@ pub enum BenchCmd {
         #[arg(long)]
         model: Option<PathBuf>,
         #[arg(long, default_value = "flex")]
-        device: String,
+        device: DeviceSet,
         #[arg(long, default_value_t = 128)]
         prompt_len: usize,
         #[arg(long, default_value_t = 64)]
@@ -84,9 +84,9 @@ fn print(value: &serde_json::Value, json: bool) {
     }
 }
 
-pub fn run(cmd: BenchCmd) -> Result<()> {
+pub fn run(cmd: Cmd) -> Result<()> {
     match cmd {
-        BenchCmd::Train {
+        Cmd::Train {
             config,
             overrides,
             device,
@@ -102,7 +102,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let result = bench_train(&run, model_config, &device, steps, warmup)?;
             print(&result, json);
         }
-        BenchCmd::Moe {
+        Cmd::Moe {
             config,
             device,
             tokens,
@@ -114,13 +114,13 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let ModelSource::Scratch(model_config) = &run.model else {
                 bail!("bench moe needs an inline [model] architecture");
             };
-            let dev = device_from_name(&device)?;
+            let dev = device.main().clone();
             print(
-                &bench_moe_layer(model_config, &device, &dev, tokens, repeats)?,
+                &bench_moe_layer(model_config, device.name(), &dev, tokens, repeats)?,
                 json,
             );
         }
-        BenchCmd::Generate {
+        Cmd::Generate {
             config,
             model,
             device,
@@ -130,7 +130,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             no_cache_too,
             json,
         } => {
-            let dev = device_from_name(&device)?;
+            let dev = device.main().clone();
             let model = match (config, model) {
                 (Some(config), _) => {
                     let run = RunConfig::load(&config, &[])?;
@@ -144,7 +144,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             };
             let result = bench_generate(
                 &model,
-                &device,
+                device.name(),
                 &dev,
                 prompt_len,
                 new_tokens,

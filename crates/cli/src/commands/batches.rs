@@ -1,51 +1,16 @@
-//! `qwen-burn init` and `qwen-burn batches`: hand a run's exact starting point to another
-//! framework (the cross-framework training check in `experiments/002-*` uses both).
+//! `qwen-burn batches`: the training batches of a run config, in the order `train` consumes
+//! them (the cross-framework check in `experiments/002-*`).
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
-use qwen_burn_model::Qwen3ForCausalLM;
-use qwen_burn_model::init::init_weights;
+use anyhow::{Context, Result};
 use qwen_burn_train::RunConfig;
 use qwen_burn_train::config::ModelSource;
 use qwen_burn_train::data::DataPipeline;
 
 #[derive(clap::Args, Debug)]
-pub struct InitArgs {
-    /// Run config whose [model] and training.seed to use.
-    #[arg(long)]
-    config: PathBuf,
-    /// Override a config value (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    overrides: Vec<String>,
-    /// Output HF model directory.
-    #[arg(long)]
-    out: PathBuf,
-}
-
-/// Write the initial weights `train` would start from, as an HF model directory.
-pub fn init(args: InitArgs) -> Result<()> {
-    let config = RunConfig::load(&args.config, &args.overrides)?;
-    let ModelSource::Scratch(model_config) = &config.model else {
-        bail!("init needs an inline [model] architecture");
-    };
-    let device = burn::tensor::Device::flex();
-    let model = init_weights(
-        Qwen3ForCausalLM::new(model_config, &device),
-        config.training.seed,
-    );
-    model.save_pretrained(&args.out)?;
-    println!(
-        "wrote the step-0 weights of {} to {}",
-        args.config.display(),
-        args.out.display()
-    );
-    Ok(())
-}
-
-#[derive(clap::Args, Debug)]
-pub struct BatchesArgs {
+pub struct Args {
     /// Run config.
     #[arg(long)]
     config: PathBuf,
@@ -61,7 +26,7 @@ pub struct BatchesArgs {
 }
 
 /// Dump the training batches of the first `steps` steps, exactly as `train` consumes them.
-pub fn batches(args: BatchesArgs) -> Result<()> {
+pub fn run(args: Args) -> Result<()> {
     let config = RunConfig::load(&args.config, &args.overrides)?;
     let vocab = match &config.model {
         ModelSource::Scratch(c) => c.vocab_size,

@@ -1,0 +1,189 @@
+//! `qwen-burn generate`: sampling with the KV cache, with HF's `generation_config.json`
+//! semantics.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use qwen_burn_data::Tok;
+use qwen_burn_model::{GenerationConfig, SamplingConfig, SamplingDefaults, generate};
+use qwen_burn_train::checkpoint::find_beside;
+use serde_json::json;
+
+use super::{ModelArgs, find_tokenizer};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text (needs a tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most (default: generation_config.json's max_new_tokens, else 64).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Softmax temperature; 0 = greedy. Default: the model's generation_config.json (greedy
+    /// unless it sets do_sample), else greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep the k most likely tokens when sampling (default: generation_config.json).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p (default:
+    /// generation_config.json).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// tokenizer.json (default: next to the model).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Do not stop at the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Recompute the whole prefix every step instead of using the KV cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `generation_config.json` next to the model (or in its run directory).
+fn find_generation_config(model_dir: &Path) -> Result<Option<GenerationConfig>> {
+    let Some(path) = find_beside(model_dir, "generation_config.json") else {
+        return Ok(None);
+    };
+    let config = GenerationConfig::from_file(&path)?;
+    if !config.unsupported.is_empty() {
+        eprintln!(
+            "warning: {}: not supported by qwen-burn, ignored: {}",
+            path.display(),
+            config.unsupported.join(", ")
+        );
+    }
+    Ok(Some(config))
+}
+
+/// What to generate, as HF decides it: the flags win over `generation_config.json`, which wins
+/// over greedy decoding. Generation stops on any of the eos ids of `config.json` and of
+/// `generation_config.json`, and on the tokenizer's document end and chat turn end
+/// (`<|endoftext|>`, `<|im_end|>`) when it has them.
+pub fn sampling_config(
+    args: &Args,
+    config_eos: &[u32],
+    generation: Option<&GenerationConfig>,
+    tok: Option<&Tok>,
+) -> SamplingConfig {
+    let defaults = generation.map_or(
+        SamplingDefaults {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        },
+        GenerationConfig::sampling,
+    );
+    let temperature = args.temperature.unwrap_or(defaults.temperature);
+    let sampling = temperature > 0.0;
+    let mut stop_tokens: Vec<u32> = Vec::new();
+    if !args.ignore_eos {
+        let from_tok = tok.map(Tok::stop_ids).unwrap_or_default();
+        let from_gen = generation
+            .map(|g| g.eos_token_id.as_slice())
+            .unwrap_or_default();
+        for &id in config_eos.iter().chain(from_gen).chain(&from_tok) {
+            if !stop_tokens.contains(&id) {
+                stop_tokens.push(id);
+            }
+        }
+    }
+    SamplingConfig {
+        max_new_tokens: args
+            .max_new_tokens
+            .or(generation.and_then(|g| g.max_new_tokens))
+            .unwrap_or(64),
+        temperature,
+        top_k: args.top_k.or(defaults.top_k).filter(|_| sampling),
+        top_p: args.top_p.or(defaults.top_p).filter(|_| sampling),
+        seed: args.seed,
+        stop_tokens,
+        use_cache: !args.no_cache,
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (model, device) = args.model.load()?;
+    let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?;
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) => tok
+            .as_ref()
+            .context("--prompt needs a tokenizer: put tokenizer.json next to the model or pass --tokenizer")?
+            .encode(text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    let gen_config = find_generation_config(&args.model.model)?;
+    let cfg = sampling_config(
+        &args,
+        &model.config.eos_token_id,
+        gen_config.as_ref(),
+        tok.as_ref(),
+    );
+    let stream = !args.json && tok.is_some();
+    if stream && let Some(text) = &args.prompt {
+        print!("{text}");
+    }
+    let mut shown = String::new();
+    let mut so_far = Vec::new();
+    let out = generate(&model, &prompt, &cfg, &device, |id| {
+        if stream && let Some(tok) = &tok {
+            so_far.push(id);
+            // Decode the whole continuation so multi-token characters print correctly.
+            if let Ok(text) = tok.decode(&so_far) {
+                if let Some(delta) = text.strip_prefix(shown.as_str()) {
+                    print!("{delta}");
+                    let _ = std::io::stdout().flush();
+                }
+                shown = text;
+            }
+        }
+    })?;
+    let n = out.new_token_ids.len();
+    let decode_tps = if n > 1 {
+        (n - 1) as f64 / out.decode_secs
+    } else {
+        0.0
+    };
+    if args.json {
+        let mut v = json!({
+            "prompt_ids": prompt,
+            "new_token_ids": out.new_token_ids,
+            "stopped_on_eos": out.stopped,
+            "prefill_secs": out.prefill_secs,
+            "decode_tokens_per_sec": decode_tps,
+            "sampling": {
+                "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+                "seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
+                "stop_tokens": cfg.stop_tokens,
+            },
+        });
+        if let Some(tok) = &tok {
+            v["text"] = json!(tok.decode(&out.new_token_ids)?);
+        }
+        println!("{v}");
+    } else {
+        if !stream {
+            println!("{:?}", out.new_token_ids);
+        } else {
+            println!();
+        }
+        eprintln!(
+            "[{n} tokens, prefill {:.3}s, decode {:.1} tokens/s]",
+            out.prefill_secs, decode_tps
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! `qwen-burn init`: the step-0 weights of a run config as an HF model directory, for another
+//! framework to start from (the cross-framework check in `experiments/002-*`).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_train::RunConfig;
+use qwen_burn_train::config::ModelSource;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Run config whose [model] and training.seed to use.
+    #[arg(long)]
+    config: PathBuf,
+    /// Override a config value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Output HF model directory.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Write the initial weights `train` would start from, as an HF model directory.
+pub fn run(args: Args) -> Result<()> {
+    let config = RunConfig::load(&args.config, &args.overrides)?;
+    let ModelSource::Scratch(model_config) = &config.model else {
+        bail!("init needs an inline [model] architecture");
+    };
+    let device = burn::tensor::Device::flex();
+    let model = init_weights(
+        Qwen3ForCausalLM::new(model_config, &device),
+        config.training.seed,
+    );
+    model.save_pretrained(&args.out)?;
+    println!(
+        "wrote the step-0 weights of {} to {}",
+        args.config.display(),
+        args.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! One file per command, each with its arguments (`Args`, or `Cmd` for a command group) and
+//! `run`; the logic they call lives in the library crates.
+
+pub mod batches;
+pub mod bench;
+pub mod data;
+pub mod eval;
+pub mod export;
+pub mod generate;
+pub mod init;
+pub mod plot;
+pub mod score;
+pub mod tokenizer;
+pub mod train;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
+use qwen_burn_data::Tok;
+use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
+use qwen_burn_train::checkpoint::{find_beside, load_model_any};
+
+/// Arguments shared by every command that loads a model.
+#[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    /// HF model directory (config.json + safetensors) or a qwen-burn checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Device: flex (default), ndarray, wgpu, cuda[:N].
+    #[arg(long, default_value = "flex")]
+    pub device: DeviceSet,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<(Qwen3ForCausalLM, Device)> {
+        if self.device.len() != 1 {
+            bail!(
+                "--device names one device here, not the list `{}`",
+                self.device.name()
+            );
+        }
+        let device = self.device.main().clone();
+        let model = load_model_any(&self.model, &device)
+            .with_context(|| format!("loading model from {}", self.model.display()))?;
+        Ok((model, device))
+    }
+}
+
+/// Find a tokenizer: the flag, else `tokenizer.json` next to the model (or in its run
+/// directory).
+pub fn find_tokenizer(model_dir: &Path, flag: Option<&Path>) -> Result<Option<Tok>> {
+    let path = match flag {
+        Some(p) if !p.exists() => bail!("tokenizer {} does not exist", p.display()),
+        Some(p) => p.to_path_buf(),
+        None => match find_beside(model_dir, "tokenizer.json") {
+            Some(p) => p,
+            None => return Ok(None),
+        },
+    };
+    let tok =
+        Tok::from_file(&path).with_context(|| format!("loading tokenizer {}", path.display()))?;
+    Ok(Some(tok))
+}

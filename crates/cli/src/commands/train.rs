@@ -1,0 +1,58 @@
+//! `qwen-burn train`: train (or fine-tune, or resume) from a TOML run config.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use qwen_burn_model::DeviceSet;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Run config (TOML).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override a config value, e.g. `--set optimizer.lr=3e-4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Device, or a list for data-parallel replicas: flex, ndarray, wgpu, cuda[:N], `flex,flex`,
+    /// `cuda:0,cuda:1` (default: training.device of the config).
+    #[arg(long)]
+    pub device: Option<DeviceSet>,
+    /// Run directory (default: runs/<config file stem>).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Total optimizer steps (overrides training.max_steps, and so the schedule length).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Continue from the newest good checkpoint in the run directory.
+    #[arg(long)]
+    pub resume: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let mut overrides = args.overrides.clone();
+    if let Some(steps) = args.max_steps {
+        overrides.push(format!("training.max_steps={steps}"));
+    }
+    let config = qwen_burn_train::RunConfig::load(&args.config, &overrides)
+        .with_context(|| format!("loading run config {}", args.config.display()))?;
+    let run_dir = args
+        .run_dir
+        .unwrap_or_else(|| qwen_burn_train::trainer::default_run_dir(&args.config));
+    let opts = qwen_burn_train::RunOptions {
+        device: args.device,
+        run_dir: run_dir.clone(),
+        resume: args.resume,
+    };
+    let summary = qwen_burn_train::train(&config, &opts)?;
+    println!(
+        "done: {} steps, val loss {}, {:.0} tokens/s, {:.1}s, checkpoint {}",
+        summary.step,
+        summary.val_loss.map_or("-".into(), |l| format!("{l:.4}")),
+        summary.tokens_per_sec,
+        summary.elapsed_secs,
+        summary
+            .checkpoint
+            .map_or("-".into(), |p| p.display().to_string())
+    );
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! The run configuration: one TOML file with `[model] [data] [optimizer] [schedule] [training]
+//! [checkpoint] [logging]` (and `[lora]` for LoRA fine-tuning).
+//!
+//! Every section is strict: an unknown key or a bad value is an error naming `section.key`.
+//! `--set section.key=value` overrides go through the same parse-and-validate path. Relative
+//! paths are relative to the working directory (run commands from the repository root).
+
+use std::path::{Path, PathBuf};
+
+use qwen_burn_model::Qwen3Config;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Result, TrainError};
+
+mod sections;
+pub use sections::*;
+
+/// Where the model comes from.
+#[derive(Debug, Clone)]
+pub enum ModelSource {
+    /// A new model with this architecture, initialised from `training.seed`.
+    Scratch(Box<Qwen3Config>),
+    /// An HF model directory or a qwen-burn checkpoint (fine-tuning).
+    Pretrained(PathBuf),
+}
+
+/// The whole run config.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The `[model]` table as written (kept for checkpoints and diffs).
+    pub model_table: toml::Table,
+    /// Resolved model source.
+    pub model: ModelSource,
+    /// `[data]`.
+    pub data: DataConfig,
+    /// `[optimizer]`.
+    pub optimizer: OptimizerConfig,
+    /// `[schedule]`.
+    pub schedule: ScheduleConfig,
+    /// `[training]`.
+    pub training: TrainingConfig,
+    /// `[checkpoint]`.
+    pub checkpoint: CheckpointConfig,
+    /// `[logging]`.
+    pub logging: LoggingConfig,
+    /// `[lora]`.
+    pub lora: Option<LoraConfig>,
+    /// The full TOML after overrides (what checkpoints store as `run.toml`).
+    pub table: toml::Table,
+    /// Settings that were adjusted, for the trainer to print (e.g. a warmup clipped to a
+    /// shorter run).
+    pub notices: Vec<String>,
+}
+
+/// `[data]` keys that only one data kind reads; naming one for the other kind is an error.
+const TEXT_ONLY_KEYS: &[&str] = &["cache_dir", "val_fraction", "text_field", "sampling"];
+const SFT_ONLY_KEYS: &[&str] = &["val_inputs", "pack"];
+
+const SECTIONS: &[&str] = &[
+    "model",
+    "data",
+    "optimizer",
+    "schedule",
+    "training",
+    "checkpoint",
+    "logging",
+    "lora",
+];
+
+/// Deserialise one section (absent: its defaults), naming `section.key` in every error.
+/// `required` keys must be written.
+fn section<T: DeserializeOwned + Default>(
+    table: &toml::Table,
+    name: &str,
+    required: &[&str],
+) -> Result<T> {
+    let Some(value) = table.get(name) else {
+        return match required.first() {
+            Some(_) => Err(TrainError::config(name, "required section is missing")),
+            None => Ok(T::default()),
+        };
+    };
+    let Some(fields) = value.as_table() else {
+        return Err(TrainError::config(name, "expected a table"));
+    };
+    if let Some(key) = required.iter().find(|k| !fields.contains_key(**k)) {
+        return Err(TrainError::config(
+            format!("{name}.{key}"),
+            "required key is missing",
+        ));
+    }
+    serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let key = if path == "." {
+            name.to_string()
+        } else {
+            format!("{name}.{path}")
+        };
+        let message = e.into_inner().message().to_string();
+        // serde names an unknown field in its message, not in the path.
+        let key = match message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            Some(field) => format!("{key}.{field}"),
+            None => key,
+        };
+        TrainError::config(key, message)
+    })
+}
+
+/// Parse `value` of a `--set key=value` as TOML, or as a bare string.
+fn parse_override_value(value: &str) -> toml::Value {
+    let doc = format!("v = {value}");
+    match doc.parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(value.to_string())),
+        Err(_) => toml::Value::String(value.to_string()),
+    }
+}
+
+/// Apply `section.key=value` overrides to a TOML table.
+pub fn apply_overrides(table: &mut toml::Table, overrides: &[String]) -> Result<()> {
+    for item in overrides {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| TrainError::config(item.as_str(), "expected `section.key=value`"))?;
+        let path: Vec<&str> = key.trim().split('.').collect();
+        if path.len() < 2 {
+            return Err(TrainError::config(key, "expected `section.key=value`"));
+        }
+        let mut node = &mut *table;
+        for part in &path[..path.len() - 1] {
+            let entry = node
+                .entry(part.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            node = entry
+                .as_table_mut()
+                .ok_or_else(|| TrainError::config(key, format!("`{part}` is not a table")))?;
+        }
+        node.insert(
+            path[path.len() - 1].to_string(),
+            parse_override_value(value.trim()),
+        );
+    }
+    Ok(())
+}
+
+/// Convert a TOML value to JSON (for the HF-style `[model]` table).
+pub fn toml_to_json(value: &toml::Value) -> serde_json::Value {
+    match value {
+        toml::Value::String(s) => serde_json::Value::String(s.clone()),
+        toml::Value::Integer(i) => serde_json::json!(i),
+        toml::Value::Float(f) => serde_json::json!(f),
+        toml::Value::Boolean(b) => serde_json::Value::Bool(*b),
+        toml::Value::Datetime(d) => serde_json::Value::String(d.to_string()),
+        toml::Value::Array(a) => serde_json::Value::Array(a.iter().map(toml_to_json).collect()),
+        toml::Value::Table(t) => serde_json::Value::Object(
+            t.iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
+        ),
+    }
+}
+
+impl RunConfig {
+    /// Read a TOML run config and apply `--set` overrides.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| TrainError::Parse {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
+        apply_overrides(&mut table, overrides)?;
+        Self::from_table(table)
+    }
+
+    /// Build and validate from a TOML table.
+    pub fn from_table(table: toml::Table) -> Result<Self> {
+        if let Some(key) = table.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+            return Err(TrainError::config(
+                key.as_str(),
+                format!("unknown section (expected one of {})", SECTIONS.join(", ")),
+            ));
+        }
+        let model_table = match table.get("model") {
+            Some(toml::Value::Table(t)) => t.clone(),
+            Some(_) => return Err(TrainError::config("model", "expected a table")),
+            None => return Err(TrainError::config("model", "required section is missing")),
+        };
+        let model = match model_table.get("from") {
+            Some(toml::Value::String(dir)) => {
+                if let Some(other) = model_table.keys().find(|k| k.as_str() != "from") {
+                    return Err(TrainError::config(
+                        format!("model.{other}"),
+                        "cannot be combined with `model.from` (the architecture comes from the checkpoint)",
+                    ));
+                }
+                ModelSource::Pretrained(PathBuf::from(dir))
+            }
+            Some(_) => {
+                return Err(TrainError::config(
+                    "model.from",
+                    "expected a directory path string",
+                ));
+            }
+            None => {
+                let json = toml_to_json(&toml::Value::Table(model_table.clone()));
+                let config = Qwen3Config::from_json(&json, true).map_err(|e| match e {
+                    qwen_burn_model::ModelError::InvalidConfig { field, reason } => {
+                        TrainError::config(format!("model.{field}"), reason)
+                    }
+                    other => TrainError::Model(other),
+                })?;
+                ModelSource::Scratch(Box::new(config))
+            }
+        };
+        let config = Self {
+            model_table,
+            model,
+            data: section(&table, "data", &["inputs", "tokenizer"])?,
+            optimizer: section(&table, "optimizer", &["lr"])?,
+            schedule: section(&table, "schedule", &[])?,
+            training: section(&table, "training", &["batch_size", "seq_len", "max_steps"])?,
+            checkpoint: section(&table, "checkpoint", &[])?,
+            logging: section(&table, "logging", &[])?,
+            lora: match table.get("lora") {
+                None => None,
+                Some(_) => Some(section(&table, "lora", &["rank", "alpha", "targets"])?),
+            },
+            table,
+            notices: Vec::new(),
+        };
+        config.validate()?;
+        config.check_data_keys()?;
+        Ok(config.with_notices())
+    }
+
+    /// Keys of `[data]` written for the other data kind would be silently ignored: refuse them.
+    fn check_data_keys(&self) -> Result<()> {
+        let Some(data) = self.table.get("data").and_then(|d| d.as_table()) else {
+            return Ok(());
+        };
+        let (unused, why) = match self.data.kind {
+            DataKind::Sft => (
+                TEXT_ONLY_KEYS,
+                "SFT reads whole conversations from the JSONL file in seeded shuffled epochs, \
+                 validates on `data.val_inputs` (or the first training rows) and keeps no shard cache",
+            ),
+            DataKind::Text => (
+                SFT_ONLY_KEYS,
+                "text runs split `data.val_fraction` off the corpus and always pack windows",
+            ),
+        };
+        if let Some(key) = unused.iter().find(|k| data.contains_key(**k)) {
+            return Err(TrainError::config(
+                format!("data.{key}"),
+                format!(
+                    "is not used by data.kind = \"{}\" ({why}); remove it",
+                    self.data.kind.as_str()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Record the adjustments the run will make to what was written.
+    fn with_notices(mut self) -> Self {
+        let (warmup, steps) = (self.schedule.warmup_steps, self.training.max_steps);
+        if warmup > steps {
+            self.notices.push(format!(
+                "warning: schedule.warmup_steps = {warmup} exceeds training.max_steps = {steps}; \
+                 the warmup is clipped to {steps} steps (the learning rate reaches its peak at the last step)"
+            ));
+        }
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let t = &self.training;
+        let positive = [
+            ("training.batch_size", t.batch_size),
+            ("training.seq_len", t.seq_len),
+            ("training.grad_accum", t.grad_accum),
+            ("training.max_steps", t.max_steps),
+            ("training.eval_batches", t.eval_batches),
+            ("logging.interval", self.logging.interval),
+            ("checkpoint.keep_last", self.checkpoint.keep_last),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(TrainError::config(key, "must be at least 1"));
+            }
+        }
+        let o = &self.optimizer;
+        if o.lr.is_nan() || o.lr <= 0.0 {
+            return Err(TrainError::config(
+                "optimizer.lr",
+                format!("must be > 0, found {}", o.lr),
+            ));
+        }
+        for (key, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(TrainError::config(
+                    key,
+                    format!("must be in [0, 1), found {beta}"),
+                ));
+            }
+        }
+        if o.eps.is_nan() || o.eps <= 0.0 || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
+            return Err(TrainError::config(
+                "optimizer",
+                "eps must be > 0, weight_decay and grad_clip >= 0",
+            ));
+        }
+        let s = &self.schedule;
+        if s.min_lr < 0.0 || s.min_lr > o.lr {
+            return Err(TrainError::config(
+                "schedule.min_lr",
+                "must be in [0, optimizer.lr]",
+            ));
+        }
+        let d = &self.data;
+        if d.inputs.is_empty() {
+            return Err(TrainError::config(
+                "data.inputs",
+                "list at least one file or directory",
+            ));
+        }
+        if !(0.0..1.0).contains(&d.val_fraction) {
+            return Err(TrainError::config("data.val_fraction", "must be in [0, 1)"));
+        }
+        if let Some(lora) = &self.lora {
+            if lora.rank == 0 || lora.alpha.is_nan() || lora.alpha <= 0.0 {
+                return Err(TrainError::config(
+                    "lora",
+                    "rank must be >= 1 and alpha > 0",
+                ));
+            }
+            if lora.targets.is_empty() {
+                return Err(TrainError::config(
+                    "lora.targets",
+                    "list at least one projection",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,287 @@
+//! The sections of a run config, with their defaults. Every section is `deny_unknown_fields`,
+//! and choices are enums, so a typo is an error naming the key and the accepted values.
+
+use std::path::PathBuf;
+
+use qwen_burn_data::SampleMode;
+use serde::{Deserialize, Serialize};
+
+/// `data.kind`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    /// Packed windows of a tokenised corpus.
+    #[default]
+    Text,
+    /// Chat JSONL with the loss on the assistant's tokens only.
+    Sft,
+}
+
+impl DataKind {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataKind::Text => "text",
+            DataKind::Sft => "sft",
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `text` or `sft`.
+    pub kind: DataKind,
+    /// Corpus files or directories (text: .txt, .jsonl, .gz; sft: one JSONL file). Required.
+    pub inputs: Vec<PathBuf>,
+    /// Validation inputs for `sft` (text splits `val_fraction` off the corpus instead).
+    pub val_inputs: Vec<PathBuf>,
+    /// HF tokenizer.json (or .json.gz). Required.
+    pub tokenizer: PathBuf,
+    /// Where prepared token shards go (default `.cache/shards/<hash of inputs and tokenizer>`).
+    pub cache_dir: Option<PathBuf>,
+    /// Fraction of documents held out for validation (text).
+    pub val_fraction: f64,
+    /// JSONL field holding the text.
+    pub text_field: String,
+    /// `random` windows from a seeded RNG, or `epochs` over a seeded shuffle of windows.
+    pub sampling: SampleMode,
+    /// SFT: pack several conversations per row (true) or one per row, padded (false).
+    pub pack: bool,
+    /// Batches prepared ahead by the background loader.
+    pub prefetch: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            kind: DataKind::Text,
+            inputs: Vec::new(),
+            val_inputs: Vec::new(),
+            tokenizer: PathBuf::new(),
+            cache_dir: None,
+            val_fraction: 0.01,
+            text_field: "text".into(),
+            sampling: SampleMode::Random,
+            pack: true,
+            prefetch: 4,
+        }
+    }
+}
+
+/// `[optimizer]`: AdamW, every hyperparameter explicit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Peak learning rate. Required.
+    pub lr: f64,
+    /// Adam beta1.
+    pub beta1: f64,
+    /// Adam beta2.
+    pub beta2: f64,
+    /// Adam epsilon (PyTorch's default 1e-8, not Burn's 1e-5).
+    pub eps: f64,
+    /// Decoupled weight decay, applied to matrices (linear and embedding weights) only; norm
+    /// gains, biases and routing biases are not decayed (nanoGPT / GPT-3 convention).
+    pub weight_decay: f64,
+    /// Clip the global gradient L2 norm to this value (`torch.nn.utils.clip_grad_norm_`); 0 = off.
+    pub grad_clip: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            lr: 0.0,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// `schedule.decay`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Decay {
+    /// Half a cosine from the peak to `min_lr`.
+    #[default]
+    Cosine,
+    /// A straight line from the peak to `min_lr`.
+    Linear,
+    /// The peak throughout (after warmup).
+    Constant,
+}
+
+/// `[schedule]`: linear warmup, then cosine (or linear, or constant) decay to `min_lr`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleConfig {
+    /// Warmup steps (lr rises linearly from lr/warmup to lr); clipped to a shorter run.
+    pub warmup_steps: usize,
+    /// Final learning rate.
+    pub min_lr: f64,
+    /// Decay after the warmup.
+    pub decay: Decay,
+}
+
+/// `training.on_nonfinite`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNonFinite {
+    /// Stop with an error naming the step and the first offending parameter.
+    #[default]
+    Stop,
+    /// Drop the step's gradients (no update; the data and the schedule move on), as Megatron
+    /// and fp16 loss scalers do. The run still stops after [`MAX_CONSECUTIVE_SKIPS`] skipped
+    /// steps in a row, or when the weights themselves are no longer finite.
+    Skip,
+}
+
+/// With `on_nonfinite = "skip"`, this many non-finite steps in a row stop the run.
+pub const MAX_CONSECUTIVE_SKIPS: usize = 10;
+
+/// `[training]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    /// Seed of weight init and data order.
+    pub seed: u64,
+    /// Sequences per micro-batch. Required.
+    pub batch_size: usize,
+    /// Tokens per sequence. Required.
+    pub seq_len: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Optimizer steps (the schedule's length). Required.
+    pub max_steps: usize,
+    /// Default device (the `--device` flag wins).
+    pub device: String,
+    /// Validate every N steps (0 = only at the end).
+    pub eval_interval: usize,
+    /// Validation batches per evaluation.
+    pub eval_batches: usize,
+    /// Print a sample every N steps (0 = never).
+    pub sample_interval: usize,
+    /// Prompt of the periodic samples.
+    pub sample_prompt: String,
+    /// Length of the periodic samples.
+    pub sample_tokens: usize,
+    /// Temperature of the periodic samples (0 = greedy).
+    pub sample_temperature: f32,
+    /// What a NaN/Inf loss or gradient norm does: stop the run (default) or skip that step's
+    /// update and go on.
+    pub on_nonfinite: OnNonFinite,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            batch_size: 0,
+            seq_len: 0,
+            grad_accum: 1,
+            max_steps: 0,
+            device: "flex".into(),
+            eval_interval: 100,
+            eval_batches: 10,
+            sample_interval: 0,
+            sample_prompt: String::new(),
+            sample_tokens: 64,
+            sample_temperature: 0.8,
+            on_nonfinite: OnNonFinite::Stop,
+        }
+    }
+}
+
+/// `[checkpoint]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Save every N steps (0 = only at the end); the final step is always saved.
+    pub interval: usize,
+    /// Keep this many most recent checkpoints.
+    pub keep_last: usize,
+    /// Also keep the checkpoint with the lowest validation loss.
+    pub keep_best: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            interval: 0,
+            keep_last: 2,
+            keep_best: true,
+        }
+    }
+}
+
+/// `[logging]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    /// Log training metrics every N steps.
+    pub interval: usize,
+    /// Peak FLOP/s of one device in TFLOP/s, for MFU (default: the backend's assumed figure,
+    /// `BackendKind::assumed_peak_flops`).
+    pub peak_tflops: Option<f64>,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        Self {
+            interval: 10,
+            peak_tflops: None,
+        }
+    }
+}
+
+/// A projection LoRA can adapt (`lora.targets`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    /// `self_attn.q_proj`.
+    QProj,
+    /// `self_attn.k_proj`.
+    KProj,
+    /// `self_attn.v_proj`.
+    VProj,
+    /// `self_attn.o_proj`.
+    OProj,
+    /// `mlp.gate_proj` (also of each expert).
+    GateProj,
+    /// `mlp.up_proj`.
+    UpProj,
+    /// `mlp.down_proj`.
+    DownProj,
+}
+
+impl LoraTarget {
+    /// The module name, as in HF parameter paths.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoraTarget::QProj => "q_proj",
+            LoraTarget::KProj => "k_proj",
+            LoraTarget::VProj => "v_proj",
+            LoraTarget::OProj => "o_proj",
+            LoraTarget::GateProj => "gate_proj",
+            LoraTarget::UpProj => "up_proj",
+            LoraTarget::DownProj => "down_proj",
+        }
+    }
+}
+
+/// `[lora]`: train low-rank adapters on the chosen projections instead of all weights. All three
+/// keys are required.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    /// Adapter rank.
+    pub rank: usize,
+    /// Scale numerator (delta = alpha / rank * A B).
+    pub alpha: f64,
+    /// Projections to adapt.
+    pub targets: Vec<LoraTarget>,
+}

@@ -1,0 +1,159 @@
+//! Evaluation: the validation loss of a run, windowed perplexity of a text (`qwen-burn eval`),
+//! and the periodic samples a run prints.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use qwen_burn_data::{Batch, Tok};
+use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor, token_nll};
+use qwen_burn_model::{Qwen3ForCausalLM, SamplingConfig, generate};
+use serde::Serialize;
+
+use crate::error::{Result, TrainError};
+use crate::step::{batch_tensors, count_targets, read_scalar};
+
+/// Validation: mean cross-entropy over the fixed validation batches.
+pub fn evaluate(model: &Qwen3ForCausalLM, batches: &[Batch], device: &Device) -> Result<f64> {
+    let mut total = 0.0;
+    let mut count = 0;
+    for batch in batches {
+        let (inputs, targets, mask) = batch_tensors(batch, device);
+        let out = model.forward(inputs, mask, None);
+        total += read_scalar(cross_entropy_sum(out.logits, targets))?;
+        count += count_targets(batch);
+    }
+    Ok(total / count.max(1) as f64)
+}
+
+/// The loss of the predictions at positions `from..=to` of the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketLoss {
+    /// First predicted position (1-based: position p predicts token p from tokens 0..p-1).
+    pub from: usize,
+    /// Last predicted position.
+    pub to: usize,
+    /// Mean cross-entropy over those predictions.
+    pub loss: f64,
+}
+
+/// What [`windowed_loss`] measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct WindowedLoss {
+    /// Mean next-token cross-entropy.
+    pub loss: f64,
+    /// `exp(loss)`.
+    pub perplexity: f64,
+    /// Predictions scored.
+    pub tokens: usize,
+    /// Windows scored.
+    pub windows: usize,
+    /// Tokens per window.
+    pub context: usize,
+    /// The loss by position inside the window, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_by_position: Option<Vec<BucketLoss>>,
+}
+
+/// Mean next-token loss of `ids` cut into non-overlapping windows of exactly `context` tokens
+/// (the model sees positions `0..context-1`; each window scores its `context - 1`
+/// predictions), `batch_size` windows per forward. With `bucket`, also the loss by position in
+/// buckets of that many positions. `progress` gets the predictions scored so far.
+pub fn windowed_loss(
+    model: &Qwen3ForCausalLM,
+    ids: &[u32],
+    context: usize,
+    batch_size: usize,
+    bucket: Option<usize>,
+    device: &Device,
+    mut progress: impl FnMut(usize),
+) -> Result<WindowedLoss> {
+    if context < 2 {
+        return Err(TrainError::Other(format!(
+            "the context must be at least 2 tokens (got {context})"
+        )));
+    }
+    if ids.len() < context {
+        return Err(TrainError::Other(format!(
+            "{} tokens are fewer than one window of {context}; lower the context",
+            ids.len()
+        )));
+    }
+    let windows: Vec<&[u32]> = ids.chunks_exact(context).collect();
+    let width = bucket.unwrap_or(context).max(1);
+    let num_buckets = (context - 1).div_ceil(width);
+    // Sums and counts per bucket of predicted positions 1..context-1 (bucket k covers
+    // positions k*width+1 ..= (k+1)*width).
+    let mut sums = vec![0.0f64; num_buckets];
+    let mut counts = vec![0usize; num_buckets];
+    for group in windows.chunks(batch_size.max(1)) {
+        let b = group.len();
+        let flat: Vec<i64> = group
+            .iter()
+            .flat_map(|w| w.iter().map(|&i| i64::from(i)))
+            .collect();
+        let targets = targets_tensor(shift_targets(&flat, b, context), b, context, device);
+        let input = Tensor::<2, Int>::from_data(TensorData::new(flat, [b, context]), device);
+        let logits = model.forward(input, None, None).logits;
+        let nll = token_nll(logits, targets)
+            .try_into_vec_as::<f32>()
+            .map_err(|e| TrainError::Device(format!("reading losses: {e:?}")))?;
+        for row in nll.chunks_exact(context) {
+            for (p, &x) in row[..context - 1].iter().enumerate() {
+                sums[p / width] += f64::from(x);
+                counts[p / width] += 1;
+            }
+        }
+        progress(counts.iter().sum());
+    }
+    let tokens: usize = counts.iter().sum();
+    let loss = sums.iter().sum::<f64>() / tokens as f64;
+    Ok(WindowedLoss {
+        loss,
+        perplexity: loss.exp(),
+        tokens,
+        windows: windows.len(),
+        context,
+        loss_by_position: bucket.map(|_| {
+            sums.iter()
+                .zip(&counts)
+                .enumerate()
+                .map(|(k, (s, &n))| BucketLoss {
+                    from: k * width + 1,
+                    to: ((k + 1) * width).min(context - 1),
+                    loss: s / n as f64,
+                })
+                .collect()
+        }),
+    })
+}
+
+/// One periodic sample of a run: `(prompt text, generated text)`. The prompt is
+/// `training.sample_prompt` (a newline when empty); top-k 50; the seed is the run's plus the
+/// step, so a resumed run prints the same samples.
+pub fn sample_text(
+    model: &Qwen3ForCausalLM,
+    tok: &Tok,
+    prompt_text: &str,
+    max_new_tokens: usize,
+    temperature: f32,
+    seed: u64,
+    device: &Device,
+) -> Result<(String, String)> {
+    let prompt_text = if prompt_text.is_empty() {
+        "\n"
+    } else {
+        prompt_text
+    };
+    let mut prompt = tok.encode(prompt_text)?;
+    if prompt.is_empty() {
+        prompt = tok.eos_id().into_iter().collect();
+    }
+    let cfg = SamplingConfig {
+        max_new_tokens,
+        temperature,
+        top_k: Some(50),
+        seed,
+        stop_tokens: tok.stop_ids(),
+        ..SamplingConfig::default()
+    };
+    let out = generate(model, &prompt, &cfg, device, |_| {})?;
+    Ok((prompt_text.to_string(), tok.decode(&out.new_token_ids)?))
+}
