@@ -341,7 +341,7 @@ pub fn router_z_loss(router_logits: &[Tensor<2>]) -> Tensor<1> {
 }
 
 /// Per-layer routing statistics for logging.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RouterStats {
     /// Slots routed to each expert.
     pub tokens_per_expert: Vec<usize>,

@@ -16,6 +16,7 @@ use burn::module::{Lora, Module, ParamGroup};
 use burn::optim::ModuleOptimizer;
 use burn::store::ModuleRecord;
 use burn::tensor::Device;
+use qwen_burn_data::Cursor;
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use serde::{Deserialize, Serialize};
 
@@ -34,8 +35,8 @@ pub struct TrainState {
     pub step: usize,
     /// Training tokens consumed (inputs, padding included).
     pub tokens_seen: u64,
-    /// Data sampler cursor after the last consumed batch.
-    pub data_cursor: serde_json::Value,
+    /// Data sampler cursor after the last consumed batch (`null` before the first step).
+    pub data_cursor: Option<Cursor>,
     /// Seed of init and data order.
     pub seed: u64,
     /// Validation loss at this step, if one was measured.

@@ -38,18 +38,9 @@ fn default_cache_dir(config: &RunConfig, tok: &Tok) -> PathBuf {
     PathBuf::from(".cache/shards").join(&digest[..16])
 }
 
-fn restore_cursor(value: &serde_json::Value) -> Result<Cursor> {
-    serde_json::from_value(value.clone())
-        .map_err(|e| TrainError::Other(format!("checkpoint data cursor is malformed: {e}")))
-}
-
 impl DataPipeline {
     /// Open the data of `config`, positioned at `cursor` (the checkpoint's) if given.
-    pub fn new(
-        config: &RunConfig,
-        cursor: Option<&serde_json::Value>,
-        vocab_size: usize,
-    ) -> Result<Self> {
+    pub fn new(config: &RunConfig, cursor: Option<&Cursor>, vocab_size: usize) -> Result<Self> {
         let d = &config.data;
         let t = &config.training;
         let tok = Tok::from_file(&d.tokenizer)?;
@@ -80,7 +71,7 @@ impl DataPipeline {
                 let train = Arc::new(SftDataset::load(&d.inputs[0], &tok, &opts)?);
                 let mut sampler = SftSampler::for_dataset(&train, t.batch_size, seed)?;
                 if let Some(c) = cursor {
-                    sampler.restore(&restore_cursor(c)?)?;
+                    sampler.restore(c)?;
                 }
                 // Validation: `val_inputs` if given, else the first rows of the training set.
                 let val_set = match d.val_inputs.first() {
@@ -117,7 +108,7 @@ impl DataPipeline {
                 let mut sampler =
                     WindowSampler::for_store(&train, t.batch_size, t.seq_len, d.sampling, seed)?;
                 if let Some(c) = cursor {
-                    sampler.restore(&restore_cursor(c)?)?;
+                    sampler.restore(c)?;
                 }
                 let val_store = TokenStore::open(&out, Split::Val, Some(&hash))?;
                 let val = eval_batches(&val_store, t.batch_size, t.seq_len, t.eval_batches);
@@ -142,11 +133,9 @@ impl DataPipeline {
         })
     }
 
-    /// The next training batch and the sampler cursor after it (as JSON, for checkpoints).
-    pub fn next_batch(&mut self) -> Result<(Batch, serde_json::Value)> {
-        let (batch, cursor) = self.prefetcher.next()?;
-        let cursor = serde_json::to_value(cursor).expect("cursor serialises");
-        Ok((batch, cursor))
+    /// The next training batch and the sampler cursor after it (for checkpoints).
+    pub fn next_batch(&mut self) -> Result<(Batch, Cursor)> {
+        Ok(self.prefetcher.next()?)
     }
 
     /// Fixed validation batches.

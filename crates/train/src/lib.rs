@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod plot;
+pub mod records;
 pub mod resume;
 pub mod schedule;
 pub mod step;

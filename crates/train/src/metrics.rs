@@ -57,19 +57,11 @@ impl MetricsLog {
         Ok(Self { path, file })
     }
 
-    /// Append one record.
-    pub fn write(&mut self, record: &Value) -> Result<()> {
-        writeln!(self.file, "{record}").map_err(|e| TrainError::io("write", &self.path, e))
+    /// Append one record (one JSON line).
+    pub fn write(&mut self, record: &impl serde::Serialize) -> Result<()> {
+        let line = serde_json::to_string(record).expect("records serialise");
+        writeln!(self.file, "{line}").map_err(|e| TrainError::io("write", &self.path, e))
     }
-}
-
-/// Read every record of a metrics file.
-pub fn read_metrics(path: &Path) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect())
 }
 
 /// Peak FLOP/s of a run's devices for MFU: `logging.peak_tflops` per device when set, else the

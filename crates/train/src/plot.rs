@@ -11,7 +11,8 @@ use plotters::style::{FontStyle, register_font};
 use serde_json::Value;
 
 use crate::error::{Result, TrainError};
-use crate::metrics::read_metrics;
+use crate::records::{MetricsRecord, read_records};
+use qwen_burn_model::RouterStats;
 
 static FONT: Once = Once::new();
 
@@ -132,12 +133,13 @@ pub fn line_chart(
     Ok(())
 }
 
-/// `(step, value)` of `field` in the records of `split`.
-pub fn metric_points(records: &[Value], split: &str, field: &str) -> Vec<(f64, f64)> {
+/// `(step, value)` of `field` in the training (`val = false`) or validation records.
+pub fn metric_points(records: &[MetricsRecord], val: bool, field: &str) -> Vec<(f64, f64)> {
     records
         .iter()
-        .filter(|r| r["split"] == split)
-        .filter_map(|r| Some((r["step"].as_f64()?, r[field].as_f64()?)))
+        .filter(|r| matches!(r, MetricsRecord::Val(_)) == val)
+        .filter_map(|r| Some((r.step() as f64, r.field(field)?)))
+        .filter(|(_, y)| y.is_finite())
         .collect()
 }
 
@@ -156,7 +158,7 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut lr = Vec::new();
     let mut load = Vec::new();
     for run in runs {
-        let records = read_metrics(&run.join("metrics.jsonl"))?;
+        let records = read_records(&run.join("metrics.jsonl"))?;
         let name = run_name(run);
         let prefix = if runs.len() > 1 {
             format!("{name} ")
@@ -165,9 +167,9 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
         };
         loss.push(Series {
             name: format!("{prefix}train"),
-            points: metric_points(&records, "train", "loss"),
+            points: metric_points(&records, false, "loss"),
         });
-        let val = metric_points(&records, "val", "loss");
+        let val = metric_points(&records, true, "loss");
         if !val.is_empty() {
             loss.push(Series {
                 name: format!("{prefix}val"),
@@ -176,23 +178,21 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
         }
         lr.push(Series {
             name: name.clone(),
-            points: metric_points(&records, "train", "lr"),
+            points: metric_points(&records, false, "lr"),
         });
         // Per-layer max/mean expert load of MoE runs.
-        let layers = records
+        let moe: Vec<(f64, &Vec<RouterStats>)> = records
             .iter()
-            .find_map(|r| r["moe"].as_array().map(Vec::len))
-            .unwrap_or(0);
+            .filter_map(|r| match r {
+                MetricsRecord::Train(t) => Some((t.step as f64, t.moe.as_ref()?)),
+                MetricsRecord::Val(_) => None,
+            })
+            .collect();
+        let layers = moe.first().map_or(0, |(_, layers)| layers.len());
         for layer in 0..layers {
-            let points = records
+            let points = moe
                 .iter()
-                .filter(|r| r["split"] == "train")
-                .filter_map(|r| {
-                    Some((
-                        r["step"].as_f64()?,
-                        r["moe"][layer]["max_over_mean_load"].as_f64()?,
-                    ))
-                })
+                .filter_map(|(step, l)| Some((*step, l.get(layer)?.max_over_mean_load)))
                 .collect();
             load.push(Series {
                 name: format!("{prefix}layer {layer}"),
@@ -234,7 +234,11 @@ pub fn plot_table(
     title: &str,
     log_y: bool,
 ) -> Result<()> {
-    let records = read_metrics(table)?;
+    let text = std::fs::read_to_string(table).map_err(|e| TrainError::io("read", table, e))?;
+    let records: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     let mut series: Vec<Series> = Vec::new();
     for r in &records {
         let (Some(x), Some(y)) = (r[x_field].as_f64(), r[y_field].as_f64()) else {

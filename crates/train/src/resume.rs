@@ -280,7 +280,7 @@ pub fn start_run(
                 format_version: FORMAT_VERSION,
                 step: 0,
                 tokens_seen: 0,
-                data_cursor: serde_json::Value::Null,
+                data_cursor: None,
                 seed: config.training.seed,
                 val_loss: None,
                 elapsed_secs: 0.0,

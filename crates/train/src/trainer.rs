@@ -13,7 +13,6 @@ use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
-use serde_json::json;
 
 use crate::checkpoint::{TrainState, apply_retention, latest_checkpoint, save_checkpoint};
 use crate::config::{MAX_CONSECUTIVE_SKIPS, OnNonFinite, RunConfig};
@@ -26,6 +25,7 @@ use crate::lock::RunLock;
 use crate::metrics::{MetricsLog, Progress, peak_flops, train_flops_per_token};
 use crate::optim::{apply_update, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
+use crate::records::{MetricsRecord, SampleRecord, TrainRecord, ValRecord};
 use crate::resume::{copy_generation_config, model_config_of, start_run};
 use crate::schedule::learning_rate;
 pub use crate::step::{
@@ -96,8 +96,8 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     );
 
     // 2. Data, resumed at the cursor of the last consumed batch.
-    let cursor = resume_from.as_ref().map(|_| state.data_cursor.clone());
-    let mut data = DataPipeline::new(config, cursor.as_ref(), model.config.vocab_size)?;
+    let cursor = resume_from.as_ref().and(state.data_cursor.as_ref());
+    let mut data = DataPipeline::new(config, cursor, model.config.vocab_size)?;
     if let Some(tok_path) = data.tokenizer_path() {
         qwen_burn_data::tokenizer::copy_tokenizer_json(tok_path, &run_dir.join("tokenizer.json"))?;
     }
@@ -183,9 +183,11 @@ impl Loop<'_> {
                 self.data.val_batches(),
                 &self.device.clone().without_autodiff(),
             )?;
-            self.metrics.write(
-                &json!({"step": 0, "split": "val", "loss": val_loss, "perplexity": val_loss.exp()}),
-            )?;
+            self.metrics.write(&MetricsRecord::Val(ValRecord {
+                step: 0,
+                loss: val_loss,
+                perplexity: val_loss.exp(),
+            }))?;
             progress.line(&format!(
                 "step {:>6} | val loss {val_loss:.4} | val ppl {:.2}",
                 0,
@@ -195,11 +197,11 @@ impl Loop<'_> {
         while state.step < max_steps {
             let step = state.step; // 0-based index of the step being taken
             let mut batches = Vec::with_capacity(t.grad_accum);
-            let mut cursor = serde_json::Value::Null;
+            let mut cursor = None;
             for _ in 0..t.grad_accum {
                 let (batch, c) = self.data.next_batch()?;
                 batches.push(batch);
-                cursor = c;
+                cursor = Some(c);
             }
             let (mut grads, mut stats) = self.replicas.step(&model, &batches)?;
             hooks::poison_grad(step + 1, &model, &mut grads);
@@ -260,22 +262,22 @@ impl Loop<'_> {
                 let secs = window_start.elapsed().as_secs_f64().max(1e-9);
                 let tps = window_tokens as f64 / secs;
                 let mfu = tps * flops_per_token / peak;
-                let mut record = json!({
-                    "step": s, "split": "train", "loss": stats.loss, "lr": lr, "grad_norm": stats.grad_norm,
-                    "tokens_per_sec": tps, "mfu": mfu, "tokens_seen": state.tokens_seen,
-                    "elapsed_secs": elapsed_before + started.elapsed().as_secs_f64(),
+                let moe = stats.aux_loss.is_some();
+                let record = MetricsRecord::Train(TrainRecord {
+                    step: s,
+                    loss: stats.loss,
+                    lr,
+                    grad_norm: stats.grad_norm,
+                    tokens_per_sec: tps,
+                    mfu,
+                    tokens_seen: state.tokens_seen,
+                    elapsed_secs: elapsed_before + started.elapsed().as_secs_f64(),
+                    skipped,
+                    aux_loss: stats.aux_loss,
+                    z_loss: stats.z_loss,
+                    moe: moe.then(|| stats.router_stats()),
+                    moe_pooled: stats.pooled_router_stats().filter(|_| moe),
                 });
-                if skipped {
-                    record["skipped"] = json!(true);
-                }
-                if let Some(aux) = stats.aux_loss {
-                    record["aux_loss"] = json!(aux);
-                    record["moe"] = json!(stats.router_stats());
-                    record["moe_pooled"] = json!(stats.pooled_router_stats());
-                }
-                if let Some(z) = stats.z_loss {
-                    record["z_loss"] = json!(z);
-                }
                 self.metrics.write(&record)?;
                 let mut line = format!(
                     "step {s:>6}/{max_steps} | loss {:.4} | lr {lr:.2e} | gnorm {:.3} | {tps:.0} tok/s | mfu {:.2}%",
@@ -307,8 +309,11 @@ impl Loop<'_> {
                     &self.device.clone().without_autodiff(),
                 )?;
                 state.val_loss = Some(val_loss);
-                self.metrics
-                    .write(&json!({"step": s, "split": "val", "loss": val_loss, "perplexity": val_loss.exp()}))?;
+                self.metrics.write(&MetricsRecord::Val(ValRecord {
+                    step: s,
+                    loss: val_loss,
+                    perplexity: val_loss.exp(),
+                }))?;
                 progress.line(&format!(
                     "step {s:>6} | val loss {val_loss:.4} | val ppl {:.2}",
                     val_loss.exp()
@@ -380,8 +385,7 @@ impl Loop<'_> {
             "step {step:>6} | sample: {prompt}{}",
             text.replace('\n', " ")
         ));
-        self.samples
-            .write(&json!({"step": step, "prompt": prompt, "text": text}))?;
+        self.samples.write(&SampleRecord { step, prompt, text })?;
         Ok(())
     }
 }
