@@ -9,7 +9,8 @@ import sys
 out = sys.argv[1]
 order = ["dense_active"] + [f"{k}_{c}" for k in ["hf", "per_layer", "sequence", "global_batch"]
                             for c in ["0.01", "0.1"]] + ["auxfree_1e-3"]
-runs = [r for r in order if os.path.exists(os.path.join(out, r, "metrics.jsonl"))]
+found = sorted(r for r in os.listdir(out) if os.path.exists(os.path.join(out, r, "metrics.jsonl")))
+runs = [r for r in order if r in found] + [r for r in found if r not in order]
 worst_rows, val_rows = [], []
 print("| run | val loss @150 | max/mean load per layer @150 | worst layer, max over steps 101-150 | dead experts @150 (per layer) | pooled max/mean @150 | aux loss @150 |")
 print("|---|---|---|---|---|---|---|")
