@@ -328,3 +328,30 @@ fn resume_with_changed_horizon_and_coefficients_prints_the_changes() {
         serde_json::from_str(&std::fs::read_to_string(ckpt.join("config.json")).unwrap()).unwrap();
     assert_eq!(saved["router_aux_loss_coef"], 0.02);
 }
+
+#[test]
+fn ddp_on_a_cpu_device_list_fails_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 3, 3, "");
+    let run = tmp.path().join("run");
+    let out = qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&run),
+            "--device",
+            "flex,flex",
+            "--set",
+            "training.grad_accum=2",
+            "--set",
+            "training.parallel=\"ddp\"",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("training.parallel") && err.contains("CUDA"), "{err}");
+    assert!(!run.join("metrics.jsonl").exists(), "nothing was trained");
+}

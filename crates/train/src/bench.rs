@@ -69,7 +69,7 @@ pub fn bench_train(
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
-    let replicas = Replicas::for_set(devices, t.grad_accum)?;
+    let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
     let device = replicas.main().clone();
     let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
     let mut optimizer = build_optimizer(&model, &config.optimizer);

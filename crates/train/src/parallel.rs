@@ -1,31 +1,41 @@
 //! Data parallelism: one model replica per device, each on its share of the step's
-//! micro-batches, gradients summed on the first device, one optimizer step there, weights
-//! forked back to the others. This is Burn's "MultiDevice / optimizer on the main device"
-//! scheme (`burn-train` `ExecutionStrategy::MultiDevice`), written for our step-checkpointed
-//! loop; it works on every backend.
+//! micro-batches (in order: device i takes the i-th contiguous share), accumulating its own
+//! gradients. Two strategies combine them (`training.parallel`):
 //!
-//! Two uses:
-//! - several GPUs: `--device cuda:0,cuda:1` (or wgpu devices);
-//! - one CPU device named twice (`--device flex,flex`): two threads each run a micro-batch. On a
-//!   2-core machine this keeps both cores busy through the many single-threaded element-wise
-//!   ops of a small model (see benches/README.md).
+//! - `gather` (every backend): each replica's gradients are moved to the first device and
+//!   summed there; one optimizer step there; the weights are forked back to the replicas next
+//!   step. Burn's "MultiDevice, optimizer on the main device" scheme (`burn-train`
+//!   `ExecutionStrategy::MultiDevice`). `flex,flex` runs two replicas as two threads on one CPU,
+//!   which keeps both cores busy through a small model's single-threaded element-wise ops.
+//! - `ddp` (CUDA device lists; the default there): the replicas sum their accumulated
+//!   gradients with Burn's collective all-reduce (`burn::tensor::distributed`, NCCL), so every
+//!   replica ends the backward pass with the step's gradient and nothing is gathered through
+//!   the main device. The reduction runs once per step, after the last micro-batch, on the
+//!   accumulated gradients: Burn 0.22.1 marks a parameter for sync for one backward pass only
+//!   and has no `no_sync`, so overlapping the reduction with the backward pass would reduce
+//!   only one micro-batch of an accumulating step. Burn 0.22.1 implements collectives for CUDA
+//!   only (other backends panic), so `ddp` on any other device list is refused before training.
+//!   The optimizer still steps once, on the first device (identical gradients on every rank, so
+//!   global-norm clipping, checkpoints by rank 0 and bit-exact resume hold as for `gather`);
+//!   the replicas' weights are forked from it each step, which costs one weight broadcast per
+//!   step. Per-replica optimizers (burn-train's DDP) would remove that broadcast.
 //!
-//! The result equals gradient accumulation over the same micro-batches on one device: the
-//! cross-entropy is normalised by the whole step's target count (tests/parallel.rs).
-//!
-//! Burn 0.22.1 also has a true all-reduce DDP (`burn::tensor::distributed::all_reduce`, NCCL,
-//! CUDA only, one node), driven by burn-train's epoch-based `ExecutionStrategy::ddp`. It is not
-//! used here: this trainer is step-checkpointed (burn-train checkpoints per epoch only), the
-//! CUDA backend cannot be built on the development machine (it downloads LLVM at build time), so
-//! an NCCL path could be neither compiled nor tested here, and for 2-8 GPUs on one node the
-//! gather-to-main scheme costs one extra weight broadcast per step.
+//! Both equal gradient accumulation over the same micro-batches on one device: the
+//! cross-entropy is normalised by the whole step's target count (tests/parallel.rs), and
+//! `global_batch` balancing counts experts over all replicas ([`StepSync`]).
 
-use burn::module::Module;
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::Device;
+use burn::tensor::distributed::{
+    DistributedConfig, DistributedContext, ReduceOperation, all_reduce,
+};
+use burn::tensor::{Device, Tensor};
 use qwen_burn_data::Batch;
-use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
+use qwen_burn_model::{BackendKind, DeviceSet, Qwen3ForCausalLM};
 
+use crate::config::ParallelStrategy;
 use crate::error::{Result, TrainError};
 use crate::step::{StepStats, StepSync, count_targets, forward_backward_part};
 
@@ -33,18 +43,50 @@ use crate::step::{StepStats, StepSync, count_targets, forward_backward_part};
 #[derive(Debug, Clone)]
 pub struct Replicas {
     devices: Vec<Device>,
+    /// `ddp`: the collective context and the plain devices it reduces over.
+    ddp: Option<(Arc<DistributedContext>, Vec<Device>)>,
+}
+
+/// Which strategy `requested` means for `devices`: `auto` is `ddp` for a list of several CUDA
+/// devices and `gather` otherwise; `ddp` on anything but CUDA is refused.
+pub fn resolve_strategy(
+    requested: ParallelStrategy,
+    devices: &DeviceSet,
+) -> Result<ParallelStrategy> {
+    let all_cuda = devices
+        .kinds()
+        .iter()
+        .all(|k| matches!(k, BackendKind::Cuda(_)));
+    match requested {
+        ParallelStrategy::Auto if all_cuda && devices.len() > 1 => Ok(ParallelStrategy::Ddp),
+        ParallelStrategy::Auto => Ok(ParallelStrategy::Gather),
+        ParallelStrategy::Ddp if !all_cuda => Err(TrainError::config(
+            "training.parallel",
+            format!(
+                "\"ddp\" needs CUDA devices (`cuda:0,cuda:1`): Burn 0.22.1 implements its \
+                 collective all-reduce (NCCL) for CUDA only, not for `{}`; use \"gather\", which \
+                 works on every backend",
+                devices.name()
+            ),
+        )),
+        other => Ok(other),
+    }
 }
 
 impl Replicas {
-    /// Autodiff devices, first = main.
+    /// Autodiff devices, first = main; gradients gathered to the main device.
     pub fn new(devices: Vec<Device>) -> Self {
         assert!(!devices.is_empty(), "at least one device");
-        Self { devices }
+        Self { devices, ddp: None }
     }
 
     /// Autodiff replicas of a device list, for steps of `grad_accum` micro-batches, which must
-    /// split evenly over them.
-    pub fn for_set(devices: &DeviceSet, grad_accum: usize) -> Result<Self> {
+    /// split evenly over them, combined by `strategy` (see [`resolve_strategy`]).
+    pub fn for_set(
+        devices: &DeviceSet,
+        grad_accum: usize,
+        strategy: ParallelStrategy,
+    ) -> Result<Self> {
         if !grad_accum.is_multiple_of(devices.len()) {
             return Err(TrainError::config(
                 "training.grad_accum",
@@ -54,13 +96,20 @@ impl Replicas {
                 ),
             ));
         }
-        Ok(Self::new(
-            devices
-                .devices()
-                .iter()
-                .map(|d| d.clone().autodiff())
-                .collect(),
-        ))
+        let mut replicas = Self::new(
+            devices.devices().iter().map(|d| d.clone().autodiff()).collect(),
+        );
+        if resolve_strategy(strategy, devices)? == ParallelStrategy::Ddp && devices.len() > 1 {
+            let plain = devices.devices().to_vec();
+            let context = DistributedContext::init(
+                plain.clone(),
+                DistributedConfig {
+                    all_reduce_op: ReduceOperation::Sum,
+                },
+            );
+            replicas.ddp = Some((Arc::new(context), plain));
+        }
+        Ok(replicas)
     }
 
     /// The main device.
@@ -128,15 +177,20 @@ impl Replicas {
                     } else {
                         model.clone().fork(device)
                     };
+                    let ddp = self.ddp.as_ref().map(|(_, plain)| plain);
                     scope.spawn(move || {
-                        forward_backward_part(
+                        let (grads, stats) = forward_backward_part(
                             &replica,
                             part,
                             device,
                             total_targets,
                             total_micro,
                             Some(sync),
-                        )
+                        )?;
+                        Ok(match ddp {
+                            Some(plain) => (all_reduce_grads(&replica, grads, plain), stats),
+                            None => (grads, stats),
+                        })
                     })
                 })
                 .collect();
@@ -151,14 +205,56 @@ impl Replicas {
         });
         let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
         let mut stats: Option<StepStats> = None;
-        for result in results {
+        let mut reduced = None;
+        for (rank, result) in results.into_iter().enumerate() {
             let (grads, part) = result?;
-            accumulator.accumulate(model, grads.to_device(self.main(), model));
+            if self.ddp.is_some() {
+                // Every rank holds the all-reduced sum; rank 0's is on the main device.
+                if rank == 0 {
+                    reduced = Some(grads);
+                }
+            } else {
+                accumulator.accumulate(model, grads.to_device(self.main(), model));
+            }
             stats = Some(match stats {
                 None => part,
                 Some(s) => s.merge(part),
             });
         }
-        Ok((accumulator.grads(), stats.expect("at least one device")))
+        let grads = reduced.unwrap_or_else(|| accumulator.grads());
+        Ok((grads, stats.expect("at least one device")))
     }
+}
+
+/// Sum every parameter's gradient over the ranks with Burn's collective all-reduce. Each rank
+/// visits the parameters in the same order and contributes a tensor for every one (zeros for a
+/// parameter it has no gradient for, e.g. an expert that got no token there), so the collective
+/// calls pair up across ranks.
+fn all_reduce_grads(
+    model: &Qwen3ForCausalLM,
+    mut grads: GradientsParams,
+    devices: &[Device],
+) -> GradientsParams {
+    struct Reduce<'a> {
+        grads: &'a mut GradientsParams,
+        devices: &'a [Device],
+    }
+    impl ModuleVisitor for Reduce<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if !param.val().is_require_grad() {
+                return;
+            }
+            let grad = self.grads.remove::<D>(param.id).unwrap_or_else(|| {
+                let value = param.val();
+                Tensor::zeros(value.dims(), &value.device().without_autodiff())
+            });
+            let sum = all_reduce(grad, ReduceOperation::Sum, self.devices.to_vec()).resolve();
+            self.grads.register(param.id, sum);
+        }
+    }
+    model.visit(&mut Reduce {
+        grads: &mut grads,
+        devices,
+    });
+    grads
 }

@@ -53,3 +53,28 @@ fn global_batch_is_the_same_on_one_device_and_on_two_replicas() {
     assert!((a1 - a2).abs() <= 1e-6, "aux {a1} vs {a2}");
     assert_eq!(s_one.expert_counts, s_two.expert_counts);
 }
+
+/// `training.parallel`: `auto` picks `gather` off CUDA; `ddp` (Burn's collective all-reduce,
+/// CUDA only in Burn 0.22.1) is refused before training on a CPU device list, naming the key.
+#[test]
+fn ddp_is_refused_off_cuda_and_auto_gathers() {
+    use qwen_burn_model::DeviceSet;
+    use qwen_burn_train::config::ParallelStrategy;
+    use qwen_burn_train::parallel::resolve_strategy;
+    let cpu = DeviceSet::parse("flex,flex").unwrap();
+    assert_eq!(
+        resolve_strategy(ParallelStrategy::Auto, &cpu).unwrap(),
+        ParallelStrategy::Gather
+    );
+    assert_eq!(
+        resolve_strategy(ParallelStrategy::Gather, &cpu).unwrap(),
+        ParallelStrategy::Gather
+    );
+    let err = Replicas::for_set(&cpu, 2, ParallelStrategy::Ddp)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("training.parallel") && err.contains("CUDA") && err.contains("flex,flex"),
+        "{err}"
+    );
+}

@@ -143,6 +143,20 @@ pub enum OnNonFinite {
 /// With `on_nonfinite = "skip"`, this many non-finite steps in a row stop the run.
 pub const MAX_CONSECUTIVE_SKIPS: usize = 10;
 
+/// `training.parallel`: how data-parallel replicas combine their gradients
+/// (see `parallel.rs`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ParallelStrategy {
+    /// `ddp` for several CUDA devices, `gather` otherwise.
+    #[default]
+    Auto,
+    /// Sum on the first device (every backend).
+    Gather,
+    /// Burn's collective all-reduce (CUDA only).
+    Ddp,
+}
+
 /// `[training]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -174,6 +188,8 @@ pub struct TrainingConfig {
     /// What a NaN/Inf loss or gradient norm does: stop the run (default) or skip that step's
     /// update and go on.
     pub on_nonfinite: OnNonFinite,
+    /// How data-parallel replicas combine gradients.
+    pub parallel: ParallelStrategy,
 }
 
 impl Default for TrainingConfig {
@@ -192,6 +208,7 @@ impl Default for TrainingConfig {
             sample_tokens: 64,
             sample_temperature: 0.8,
             on_nonfinite: OnNonFinite::Stop,
+            parallel: ParallelStrategy::Auto,
         }
     }
 }
