@@ -352,6 +352,9 @@ fn ddp_on_a_cpu_device_list_fails_before_training() {
     );
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("training.parallel") && err.contains("CUDA"), "{err}");
+    assert!(
+        err.contains("training.parallel") && err.contains("CUDA"),
+        "{err}"
+    );
     assert!(!run.join("metrics.jsonl").exists(), "nothing was trained");
 }

@@ -8,8 +8,8 @@ pub enum ModelError {
     /// A config field has a value the model cannot use.
     #[error("invalid config field `{field}`: {reason}")]
     InvalidConfig {
-        /// HF `config.json` key, e.g. `num_key_value_heads`.
-        field: &'static str,
+        /// HF `config.json` key, e.g. `num_key_value_heads` (nested: `rope_scaling.factor`).
+        field: String,
         /// What was wrong and what was expected.
         reason: String,
     },
@@ -122,9 +122,9 @@ impl ModelError {
         }
     }
 
-    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidConfig {
-            field,
+            field: field.into(),
             reason: reason.into(),
         }
     }

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::config::one_or_many;
 use crate::error::{ModelError, Result};
 
 /// HF's defaults when `do_sample` is true and a value is absent.
@@ -61,21 +62,6 @@ pub struct SamplingDefaults {
     pub top_k: Option<usize>,
     /// Keep the smallest set whose probability reaches p.
     pub top_p: Option<f32>,
-}
-
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<u32>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(u32),
-        Many(Vec<u32>),
-        Null(()),
-    }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(x) => vec![x],
-        OneOrMany::Many(v) => v,
-        OneOrMany::Null(()) => Vec::new(),
-    })
 }
 
 /// Values of keys that HF applies by default and that leave the output unchanged.

@@ -97,7 +97,11 @@ impl Replicas {
             ));
         }
         let mut replicas = Self::new(
-            devices.devices().iter().map(|d| d.clone().autodiff()).collect(),
+            devices
+                .devices()
+                .iter()
+                .map(|d| d.clone().autodiff())
+                .collect(),
         );
         if resolve_strategy(strategy, devices)? == ParallelStrategy::Ddp && devices.len() > 1 {
             let plain = devices.devices().to_vec();
@@ -171,7 +175,7 @@ impl Replicas {
                     // ParamIds, fresh autodiff nodes; on the main device the data is shared, not
                     // copied). Replicas sharing leaves would share one autodiff graph, which
                     // serialises their backward passes, and Burn 0.22.1's graph merging can
-                    // deadlock when one thread merges while another runs backward (seen here).
+                    // deadlock when one thread merges while another runs backward.
                     let replica = if i == 0 {
                         model.clone()
                     } else {

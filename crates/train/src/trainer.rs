@@ -66,7 +66,11 @@ pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
             .map_err(|e| TrainError::config("training.device", e.to_string()))?,
     };
     // `cuda:0,cuda:1` (or `flex,flex`: two threads on one CPU) trains data-parallel.
-    let replicas = Replicas::for_set(&devices, config.training.grad_accum, config.training.parallel)?;
+    let replicas = Replicas::for_set(
+        &devices,
+        config.training.grad_accum,
+        config.training.parallel,
+    )?;
     let device = replicas.main().clone();
     let run_dir = &opts.run_dir;
     // Before anything in the run directory is touched: one writer at a time.

@@ -8,9 +8,13 @@
 
 use std::path::Path;
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+
+mod hf;
+use hf::HfConfig;
+pub(crate) use hf::one_or_many;
 
 /// Which HF architecture a config describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,134 +213,6 @@ pub struct Qwen3Config {
     pub moe: Option<MoeConfig>,
 }
 
-/// Keys we read, plus HF bookkeeping keys that carry no model semantics.
-const KNOWN_KEYS: &[&str] = &[
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "rope_theta",
-    "rope_scaling",
-    "rope_parameters",
-    "tie_word_embeddings",
-    "attention_bias",
-    "initializer_range",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "hidden_act",
-    "attention_dropout",
-    "use_sliding_window",
-    "sliding_window",
-    "max_window_layers",
-    "layer_types",
-    "num_experts",
-    "num_local_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "norm_topk_prob",
-    "router_aux_loss_coef",
-    "output_router_logits",
-    "decoder_sparse_step",
-    "mlp_only_layers",
-    "router_z_loss_coef",
-    "router_bias_update_rate",
-    "router_aux_loss_type",
-    "architectures",
-    "torch_dtype",
-    "dtype",
-    "transformers_version",
-    "use_cache",
-];
-
-/// Keys that only `qwen3_moe` reads; in strict mode they are an error on a dense `qwen3`.
-const MOE_ONLY_KEYS: &[&str] = &[
-    "num_experts",
-    "num_local_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "norm_topk_prob",
-    "router_aux_loss_coef",
-    "output_router_logits",
-    "decoder_sparse_step",
-    "mlp_only_layers",
-    "router_z_loss_coef",
-    "router_bias_update_rate",
-    "router_aux_loss_type",
-];
-
-/// Typed accessors over a JSON object that name the field in every error.
-struct Fields<'a> {
-    obj: &'a Map<String, Value>,
-}
-
-impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.obj.get(key).filter(|v| !v.is_null())
-    }
-
-    fn usize(&self, key: &'static str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
-                ModelError::invalid(key, format!("expected a non-negative integer, found {v}"))
-            }),
-        }
-    }
-
-    fn req_usize(&self, key: &'static str) -> Result<usize> {
-        self.usize(key)?
-            .ok_or_else(|| ModelError::invalid(key, "required field is missing"))
-    }
-
-    fn f64(&self, key: &'static str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| ModelError::invalid(key, format!("expected a number, found {v}"))),
-        }
-    }
-
-    fn bool(&self, key: &'static str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-                ModelError::invalid(key, format!("expected true or false, found {v}"))
-            }),
-        }
-    }
-
-    fn str(&self, key: &'static str) -> Result<Option<&'a str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| ModelError::invalid(key, format!("expected a string, found {v}"))),
-        }
-    }
-
-    fn token_ids(&self, key: &'static str) -> Result<Vec<u32>> {
-        let bad = || ModelError::invalid(key, "expected a token id or a list of token ids");
-        match self.get(key) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| v.as_u64().map(|x| x as u32).ok_or_else(bad))
-                .collect(),
-            Some(v) => v.as_u64().map(|x| vec![x as u32]).ok_or_else(bad),
-        }
-    }
-}
-
 impl Qwen3Config {
     /// Read an HF `config.json` (unknown keys are ignored, as transformers does).
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -357,157 +233,10 @@ impl Qwen3Config {
     /// Parse a JSON object in HF terms and validate it. With `strict`, keys we do not know are
     /// an error (used for our own TOML configs, where a typo must not be silently ignored).
     pub fn from_json(value: &Value, strict: bool) -> Result<Self> {
-        let obj = value
-            .as_object()
-            .ok_or_else(|| ModelError::invalid("config", "expected a JSON object"))?;
-        if strict && let Some(key) = obj.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
-            return Err(ModelError::InvalidConfig {
-                field: "config",
-                reason: format!("unknown key `{key}`"),
-            });
+        if !value.is_object() {
+            return Err(ModelError::invalid("config", "expected a JSON object"));
         }
-        let f = Fields { obj };
-        let model_type = match f.str("model_type")?.unwrap_or("qwen3") {
-            "qwen3" => ModelType::Qwen3,
-            "qwen3_moe" => ModelType::Qwen3Moe,
-            other => {
-                return Err(ModelError::invalid(
-                    "model_type",
-                    format!("`{other}` is not supported (expected `qwen3` or `qwen3_moe`)"),
-                ));
-            }
-        };
-        if strict
-            && model_type == ModelType::Qwen3
-            && let Some(key) = MOE_ONLY_KEYS.iter().find(|k| f.get(k).is_some())
-        {
-            return Err(ModelError::invalid(
-                key,
-                "is a Qwen3-MoE setting but model_type is `qwen3` (dense); set \
-                 model_type = \"qwen3_moe\" or remove it",
-            ));
-        }
-        if let Some(act) = f.str("hidden_act")?
-            && act != "silu"
-        {
-            return Err(ModelError::invalid(
-                "hidden_act",
-                format!("`{act}` is not supported (expected `silu`)"),
-            ));
-        }
-        if f.bool("use_sliding_window")?.unwrap_or(false) {
-            return Err(ModelError::invalid(
-                "use_sliding_window",
-                "sliding-window attention is not supported",
-            ));
-        }
-        if f.f64("attention_dropout")?.unwrap_or(0.0) != 0.0 {
-            return Err(ModelError::invalid(
-                "attention_dropout",
-                "attention dropout is not supported (expected 0.0)",
-            ));
-        }
-        let hidden_size = f.req_usize("hidden_size")?;
-        let num_attention_heads = f.req_usize("num_attention_heads")?;
-        let head_dim = match f.usize("head_dim")? {
-            Some(h) => h,
-            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
-            None => 0,
-        };
-        let (rope_theta, rope_scaling) = parse_rope(&f)?;
-        let moe = match model_type {
-            ModelType::Qwen3 => None,
-            ModelType::Qwen3Moe => Some(MoeConfig {
-                num_experts: match f.usize("num_experts")? {
-                    Some(n) => n,
-                    None => f.usize("num_local_experts")?.unwrap_or(128),
-                },
-                num_experts_per_tok: f.usize("num_experts_per_tok")?.unwrap_or(8),
-                moe_intermediate_size: f.usize("moe_intermediate_size")?.unwrap_or(768),
-                norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
-                router_aux_loss_coef: f.f64("router_aux_loss_coef")?.unwrap_or(0.001),
-                output_router_logits: f.bool("output_router_logits")?.unwrap_or(false),
-                decoder_sparse_step: f.usize("decoder_sparse_step")?.unwrap_or(1),
-                mlp_only_layers: match f.get("mlp_only_layers") {
-                    None => Vec::new(),
-                    Some(v) => v
-                        .as_array()
-                        .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect())
-                        .ok_or_else(|| {
-                            ModelError::invalid(
-                                "mlp_only_layers",
-                                "expected a list of layer indices",
-                            )
-                        })?,
-                },
-                router_z_loss_coef: f.f64("router_z_loss_coef")?.unwrap_or(0.0),
-                router_bias_update_rate: f.f64("router_bias_update_rate")?.unwrap_or(0.0),
-                router_aux_loss_type: match f.str("router_aux_loss_type")? {
-                    None => BalanceLoss::Hf,
-                    Some(s) => BalanceLoss::parse(s).ok_or_else(|| {
-                        ModelError::invalid(
-                            "router_aux_loss_type",
-                            format!(
-                                "unknown `{s}` (expected hf, per_layer, sequence or global_batch)"
-                            ),
-                        )
-                    })?,
-                },
-            }),
-        };
-        if strict
-            && let Some(moe) = &moe
-            && !moe.output_router_logits
-        {
-            // HF adds the router losses only with output_router_logits; a coefficient the user
-            // wrote would otherwise do nothing.
-            let aux_written = f.get("router_aux_loss_coef").is_some();
-            for (key, coef) in [
-                (
-                    "router_aux_loss_coef",
-                    if aux_written {
-                        moe.router_aux_loss_coef
-                    } else {
-                        0.0
-                    },
-                ),
-                ("router_z_loss_coef", moe.router_z_loss_coef),
-            ] {
-                if coef > 0.0 {
-                    return Err(ModelError::invalid(
-                        key,
-                        format!(
-                            "= {coef} has no effect while output_router_logits is false: as in HF, \
-                             router losses are added to the training loss only when \
-                             output_router_logits = true; set it, or set {key} = 0"
-                        ),
-                    ));
-                }
-            }
-        }
-        let config = Self {
-            model_type,
-            vocab_size: f.req_usize("vocab_size")?,
-            hidden_size,
-            intermediate_size: f.req_usize("intermediate_size")?,
-            num_hidden_layers: f.req_usize("num_hidden_layers")?,
-            num_attention_heads,
-            num_key_value_heads: f
-                .usize("num_key_value_heads")?
-                .unwrap_or(num_attention_heads),
-            head_dim,
-            max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(32768),
-            rms_norm_eps: f.f64("rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta,
-            rope_scaling,
-            tie_word_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: f.bool("attention_bias")?.unwrap_or(false),
-            initializer_range: f.f64("initializer_range")?.unwrap_or(0.02),
-            bos_token_id: f.usize("bos_token_id")?.map(|x| x as u32),
-            eos_token_id: f.token_ids("eos_token_id")?,
-            pad_token_id: f.usize("pad_token_id")?.map(|x| x as u32),
-            moe,
-        };
+        let config = HfConfig::from_json(value)?.into_config(strict)?;
         config.validate()?;
         Ok(config)
     }
@@ -656,80 +385,7 @@ impl Qwen3Config {
 
     /// The HF `config.json` object (transformers 4.x spelling, read by 4.x and 5.x).
     pub fn to_hf_json(&self) -> Value {
-        let mut obj = json!({
-            "architectures": [self.model_type.architecture()],
-            "model_type": self.model_type.as_str(),
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": rope_scaling_json(&self.rope_scaling),
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "attention_dropout": 0.0,
-            "hidden_act": "silu",
-            "initializer_range": self.initializer_range,
-            "use_sliding_window": false,
-            "use_cache": true,
-            "torch_dtype": "float32",
-        });
-        let map = obj.as_object_mut().expect("json! object");
-        if let Some(bos) = self.bos_token_id {
-            map.insert("bos_token_id".into(), json!(bos));
-        }
-        match self.eos_token_id.as_slice() {
-            [] => {}
-            [one] => {
-                map.insert("eos_token_id".into(), json!(one));
-            }
-            many => {
-                map.insert("eos_token_id".into(), json!(many));
-            }
-        }
-        if let Some(pad) = self.pad_token_id {
-            map.insert("pad_token_id".into(), json!(pad));
-        }
-        if let Some(moe) = &self.moe {
-            map.insert("num_experts".into(), json!(moe.num_experts));
-            map.insert("num_experts_per_tok".into(), json!(moe.num_experts_per_tok));
-            map.insert(
-                "moe_intermediate_size".into(),
-                json!(moe.moe_intermediate_size),
-            );
-            map.insert("norm_topk_prob".into(), json!(moe.norm_topk_prob));
-            map.insert(
-                "router_aux_loss_coef".into(),
-                json!(moe.router_aux_loss_coef),
-            );
-            map.insert(
-                "output_router_logits".into(),
-                json!(moe.output_router_logits),
-            );
-            map.insert("decoder_sparse_step".into(), json!(moe.decoder_sparse_step));
-            map.insert("mlp_only_layers".into(), json!(moe.mlp_only_layers));
-            if moe.router_z_loss_coef > 0.0 {
-                map.insert("router_z_loss_coef".into(), json!(moe.router_z_loss_coef));
-            }
-            if moe.router_aux_loss_type != BalanceLoss::Hf {
-                map.insert(
-                    "router_aux_loss_type".into(),
-                    json!(moe.router_aux_loss_type.as_str()),
-                );
-            }
-            if moe.router_bias_update_rate > 0.0 {
-                map.insert(
-                    "router_bias_update_rate".into(),
-                    json!(moe.router_bias_update_rate),
-                );
-            }
-        }
-        obj
+        serde_json::to_value(HfConfig::from_config(self)).expect("config serialises")
     }
 
     /// Write `config.json` into `dir`.
@@ -799,127 +455,10 @@ fn not_positive(x: f64) -> bool {
     x.is_nan() || x <= 0.0
 }
 
-fn parse_rope(f: &Fields<'_>) -> Result<(f64, RopeScaling)> {
-    // transformers 5.x folds the base into `rope_parameters`; 4.x has `rope_theta` + `rope_scaling`.
-    let params = f.get("rope_parameters");
-    let scaling = f.get("rope_scaling");
-    let dict = match (params, scaling) {
-        (Some(p), _) => Some(("rope_parameters", p)),
-        (None, Some(s)) => Some(("rope_scaling", s)),
-        (None, None) => None,
-    };
-    let mut theta = f.f64("rope_theta")?;
-    let scaling = match dict {
-        None => RopeScaling::Default,
-        Some((field, value)) => {
-            let obj = value.as_object().ok_or_else(|| {
-                ModelError::invalid(field, format!("expected an object, found {value}"))
-            })?;
-            let d = Fields { obj };
-            if let Some(t) = d.f64("rope_theta")? {
-                theta = Some(t);
-            }
-            let rope_type = match d.str("rope_type")? {
-                Some(t) => t,
-                None => d.str("type")?.unwrap_or("default"),
-            };
-            let factor = || -> Result<f64> {
-                d.f64("factor")?.ok_or_else(|| {
-                    ModelError::invalid(field, format!("rope_type `{rope_type}` needs `factor`"))
-                })
-            };
-            match rope_type {
-                "default" => RopeScaling::Default,
-                "linear" => RopeScaling::Linear { factor: factor()? },
-                "dynamic" => RopeScaling::Dynamic { factor: factor()? },
-                "yarn" => RopeScaling::Yarn {
-                    factor: factor()?,
-                    original_max_position_embeddings: d
-                        .usize("original_max_position_embeddings")?,
-                    attention_factor: d.f64("attention_factor")?,
-                    beta_fast: d.f64("beta_fast")?.unwrap_or(32.0),
-                    beta_slow: d.f64("beta_slow")?.unwrap_or(1.0),
-                    mscale: d.f64("mscale")?,
-                    mscale_all_dim: d.f64("mscale_all_dim")?,
-                    truncate: d.bool("truncate")?.unwrap_or(true),
-                },
-                "llama3" => RopeScaling::Llama3 {
-                    factor: factor()?,
-                    low_freq_factor: d.f64("low_freq_factor")?.unwrap_or(1.0),
-                    high_freq_factor: d.f64("high_freq_factor")?.unwrap_or(4.0),
-                    original_max_position_embeddings: d
-                        .usize("original_max_position_embeddings")?
-                        .ok_or_else(|| {
-                            ModelError::invalid(
-                                field,
-                                "llama3 needs `original_max_position_embeddings`",
-                            )
-                        })?,
-                },
-                other => {
-                    return Err(ModelError::invalid(
-                        "rope_type",
-                        format!(
-                            "unknown rope_type `{other}` (expected one of default, linear, dynamic, yarn, llama3)"
-                        ),
-                    ));
-                }
-            }
-        }
-    };
-    Ok((theta.unwrap_or(10000.0), scaling))
-}
-
-fn rope_scaling_json(scaling: &RopeScaling) -> Value {
-    match scaling {
-        RopeScaling::Default => Value::Null,
-        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
-        RopeScaling::Dynamic { factor } => json!({"rope_type": "dynamic", "factor": factor}),
-        RopeScaling::Yarn {
-            factor,
-            original_max_position_embeddings,
-            attention_factor,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            truncate,
-        } => {
-            let mut v = json!({
-                "rope_type": "yarn", "factor": factor, "beta_fast": beta_fast,
-                "beta_slow": beta_slow, "truncate": truncate,
-            });
-            let m = v.as_object_mut().expect("object");
-            if let Some(x) = original_max_position_embeddings {
-                m.insert("original_max_position_embeddings".into(), json!(x));
-            }
-            if let Some(x) = attention_factor {
-                m.insert("attention_factor".into(), json!(x));
-            }
-            if let Some(x) = mscale {
-                m.insert("mscale".into(), json!(x));
-            }
-            if let Some(x) = mscale_all_dim {
-                m.insert("mscale_all_dim".into(), json!(x));
-            }
-            v
-        }
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => json!({
-            "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
-            "high_freq_factor": high_freq_factor,
-            "original_max_position_embeddings": original_max_position_embeddings,
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, json};
 
     fn base() -> Value {
         json!({
@@ -977,7 +516,7 @@ mod tests {
         let e = err_of(|m| {
             m.insert("hidden_size".into(), json!("wide"));
         });
-        assert!(e.contains("hidden_size") && e.contains("integer"), "{e}");
+        assert!(e.contains("hidden_size") && e.contains("usize"), "{e}");
     }
 
     #[test]
@@ -995,9 +534,32 @@ mod tests {
 
     #[test]
     fn moe_keys_on_a_dense_model_are_refused_in_strict_mode() {
+        const MOE_ONLY_KEYS: &[&str] = &[
+            "num_experts",
+            "num_local_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "norm_topk_prob",
+            "router_aux_loss_coef",
+            "output_router_logits",
+            "decoder_sparse_step",
+            "mlp_only_layers",
+            "router_z_loss_coef",
+            "router_bias_update_rate",
+            "router_aux_loss_type",
+        ];
         for key in MOE_ONLY_KEYS {
+            let value = match *key {
+                "norm_topk_prob" | "output_router_logits" => json!(true),
+                "mlp_only_layers" => json!([0]),
+                "router_aux_loss_type" => json!("per_layer"),
+                "router_aux_loss_coef" | "router_z_loss_coef" | "router_bias_update_rate" => {
+                    json!(0.1)
+                }
+                _ => json!(1),
+            };
             let e = err_of(|m| {
-                m.insert(key.to_string(), json!(1));
+                m.insert(key.to_string(), value.clone());
             });
             assert!(e.contains(key) && e.contains("qwen3_moe"), "{key}: {e}");
         }
