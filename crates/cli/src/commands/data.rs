@@ -2,8 +2,17 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use qwen_burn_data::{PrepareOptions, ShardMeta, Split, Tok, TokenStore, prepare};
+
+/// `--split` of `data inspect`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum SplitArg {
+    /// The training split.
+    Train,
+    /// The validation split.
+    Val,
+}
 
 /// Data commands.
 #[derive(clap::Subcommand, Debug)]
@@ -37,9 +46,9 @@ pub enum Cmd {
         /// Shard directory (holding `meta.json`).
         #[arg(long)]
         dir: PathBuf,
-        /// Split to sample from: `train` or `val`.
-        #[arg(long, default_value = "train")]
-        split: String,
+        /// Split to sample from.
+        #[arg(long, value_enum, default_value_t = SplitArg::Train)]
+        split: SplitArg,
         /// Decode the first tokens with this tokenizer (must match the shards).
         #[arg(long)]
         tokenizer: Option<PathBuf>,
@@ -86,10 +95,9 @@ pub fn run(cmd: Cmd) -> Result<()> {
             tokenizer,
             tokens,
         } => {
-            let split = match split.as_str() {
-                "train" => Split::Train,
-                "val" => Split::Val,
-                other => bail!("--split is {other:?}, expected \"train\" or \"val\""),
+            let split = match split {
+                SplitArg::Train => Split::Train,
+                SplitArg::Val => Split::Val,
             };
             let tok = tokenizer.as_deref().map(Tok::from_file).transpose()?;
             let hash = tok.as_ref().map(Tok::hash);
