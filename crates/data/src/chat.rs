@@ -1,8 +1,9 @@
 //! Chat supervised fine-tuning data: conversations rendered with the Qwen chat template, a loss
 //! mask on assistant tokens, and packed or padded rows.
 //!
-//! Input: JSONL (optionally `.gz`), one `{"messages": [{"role": ..., "content": ...}, ...]}` per
-//! line. Each message renders as `<|im_start|>{role}\n{content}<|im_end|>\n`.
+//! Input: JSONL (optionally `.gz`), one conversation per line, as OpenAI-style `messages`
+//! (`role`/`content`) or ShareGPT `conversations` (`from`/`value`). Each message renders as
+//! `<|im_start|>{role}\n{content}<|im_end|>\n`.
 //!
 //! Tokenisation is per segment (header, content, `<|im_end|>`, `"\n"`), which is what the
 //! model sees at inference: the prompt ends with `<|im_start|>assistant\n` and the reply is
@@ -302,6 +303,26 @@ impl SftDataset {
 }
 
 /// Parses one line into messages, naming the file and line on error.
+/// Roles a conversation may use (what Qwen's chat template renders).
+pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// The role of a ShareGPT `from` name (the usual spellings), or `None` for an unknown one.
+fn sharegpt_role(from: &str) -> Option<&'static str> {
+    Some(match from {
+        "system" => "system",
+        "human" | "user" => "user",
+        "gpt" | "assistant" | "chatgpt" | "bard" | "bing" | "model" => "assistant",
+        "tool" | "function" | "function_response" | "observation" | "ipython" => "tool",
+        _ => return None,
+    })
+}
+
+/// One conversation of a chat JSONL line, in either common format:
+/// - OpenAI style: `{"messages": [{"role": "user", "content": "..."}, ...]}`;
+/// - ShareGPT: `{"conversations": [{"from": "human", "value": "..."}, ...]}` (`human`/`user`,
+///   `gpt`/`assistant`, `system`, and tool names `tool`/`function`/`observation`).
+///
+/// Roles must be one of [`ROLES`]; anything else is an error naming the line and the role.
 fn parse_messages(path: &Path, line_no: usize, line: &str) -> Result<Vec<Message>> {
     let err = |message: String| DataError::Jsonl {
         path: path.to_path_buf(),
@@ -309,20 +330,24 @@ fn parse_messages(path: &Path, line_no: usize, line: &str) -> Result<Vec<Message
         message,
     };
     let obj = ingest::jsonl_object(path, line_no, line)?;
-    let msgs = match obj.get("messages") {
-        Some(serde_json::Value::Array(a)) => a,
-        Some(other) => {
+    let (list, role_key, text_key, sharegpt) = if obj.contains_key("messages") {
+        ("messages", "role", "content", false)
+    } else if obj.contains_key("conversations") {
+        ("conversations", "from", "value", true)
+    } else {
+        return Err(err(
+            "no \"messages\" (OpenAI style: [{\"role\", \"content\"}]) or \"conversations\" \
+             (ShareGPT: [{\"from\", \"value\"}]) field"
+                .into(),
+        ));
+    };
+    let msgs = match &obj[list] {
+        serde_json::Value::Array(a) => a,
+        other => {
             return Err(err(format!(
-                "field \"messages\" is {}, expected an array of {{\"role\", \"content\"}} objects",
+                "field \"{list}\" is {}, expected an array of {{\"{role_key}\", \"{text_key}\"}} objects",
                 ingest::json_type(other)
             )));
-        }
-        None => {
-            return Err(err(
-                "missing field \"messages\" (expected {\"messages\": [{\"role\": ..., \
-                 \"content\": ...}, ...]})"
-                    .into(),
-            ));
         }
     };
     let mut out = Vec::with_capacity(msgs.len());
@@ -330,14 +355,30 @@ fn parse_messages(path: &Path, line_no: usize, line: &str) -> Result<Vec<Message
         let field = |name: &str| match m.get(name) {
             Some(serde_json::Value::String(s)) => Ok(s.clone()),
             Some(other) => Err(err(format!(
-                "messages[{i}].{name} is {}, expected a string",
+                "{list}[{i}].{name} is {}, expected a string",
                 ingest::json_type(other)
             ))),
-            None => Err(err(format!("messages[{i}] has no string field \"{name}\""))),
+            None => Err(err(format!("{list}[{i}] has no string field \"{name}\""))),
+        };
+        let given = field(role_key)?;
+        let role = if sharegpt {
+            sharegpt_role(&given)
+        } else {
+            ROLES.iter().copied().find(|r| *r == given)
+        };
+        let Some(role) = role else {
+            return Err(err(format!(
+                "{list}[{i}].{role_key} is \"{given}\", an unknown role (expected {})",
+                if sharegpt {
+                    "human/user, gpt/assistant, system, or tool/function/observation"
+                } else {
+                    "system, user, assistant or tool"
+                }
+            )));
         };
         out.push(Message {
-            role: field("role")?,
-            content: field("content")?,
+            role: role.to_string(),
+            content: field(text_key)?,
         });
     }
     Ok(out)

@@ -235,9 +235,13 @@ fn bad_chat_lines_name_line_and_message() {
     let dir = tempfile::tempdir().unwrap();
     let tok = default_tok();
     let opts = ChatOptions::default();
-    let cases: [(&[u8], &str); 4] = [
+    let cases: [(&[u8], &str); 6] = [
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n{\"text\": \"x\"}\n",
-         "2: missing field \"messages\" (expected {\"messages\": [{\"role\": ..., \"content\": ...}, ...]})"),
+         "2: no \"messages\" (OpenAI style: [{\"role\", \"content\"}]) or \"conversations\" (ShareGPT: [{\"from\", \"value\"}]) field"),
+        (b"{\"messages\": [{\"role\": \"narrator\", \"content\": \"x\"}]}\n",
+         "1: messages[0].role is \"narrator\", an unknown role (expected system, user, assistant or tool)"),
+        (b"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"robot\", \"value\": \"b\"}]}\n",
+         "1: conversations[1].from is \"robot\", an unknown role"),
         (b"{\"messages\": [{\"role\": \"user\"}]}\n", "1: messages[0] has no string field \"content\""),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": 3}]}\n", "1: messages[0].content is a number, expected a string"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"no answer\"}]}\n", "none of 1 conversations has an assistant message"),

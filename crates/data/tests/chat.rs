@@ -256,3 +256,33 @@ fn sft_sampler_resumes_exactly_directly_and_through_prefetcher() {
     assert_eq!(sorted, (0..13).collect::<Vec<_>>());
     assert_ne!(epoch0, sorted);
 }
+
+/// The same conversation as OpenAI-style `messages` and as ShareGPT `conversations` (with the
+/// usual `human` / `gpt` names) loads to the same rows.
+#[test]
+fn sharegpt_and_messages_formats_load_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = default_tok();
+    let messages = write(tmp.path(), "m.jsonl", jsonl(&[sample()]).as_bytes());
+    fn from(r: &str) -> &str {
+        match r {
+            "user" => "human",
+            "assistant" => "gpt",
+            other => other,
+        }
+    }
+    let turns: Vec<serde_json::Value> = sample()
+        .iter()
+        .map(|m| serde_json::json!({"from": from(&m.role), "value": m.content}))
+        .collect();
+    let line = serde_json::json!({ "conversations": turns }).to_string() + "\n";
+    let sharegpt = write(tmp.path(), "s.jsonl", line.as_bytes());
+    let opts = ChatOptions {
+        seq_len: 64,
+        ..ChatOptions::default()
+    };
+    let a = SftDataset::load(&messages, &tok, &opts).unwrap();
+    let b = SftDataset::load(&sharegpt, &tok, &opts).unwrap();
+    assert_eq!(a.rows(), b.rows());
+    assert!(a.stats().target_tokens > 0);
+}
