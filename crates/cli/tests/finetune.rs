@@ -218,3 +218,100 @@ fn full_finetune_from_a_checkpoint() {
         "run dir {first2} vs checkpoint {first}"
     );
 }
+
+/// SFT data is rendered with the chat template of the `tokenizer_config.json` beside the run's
+/// tokenizer (here a ChatML variant that marks every turn with `>>`), seen in the exact batches
+/// `train` would consume; the targets are the assistant replies and their end token only.
+#[test]
+fn sft_uses_the_tokenizer_chat_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok_dir = tmp.path().join("tok");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        tok_dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        tok_dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template":
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n>>{{ m.content }}<|im_end|>\n{% endfor %}"})
+        .to_string(),
+    )
+    .unwrap();
+    let chat = chat_jsonl(tmp.path());
+    let cfg = tmp.path().join("sft.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[model]
+vocab_size = 8192
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 8
+[data]
+kind = "sft"
+inputs = ["{chat}"]
+tokenizer = "{tok}"
+pack = false
+[optimizer]
+lr = 1e-3
+[training]
+batch_size = 2
+seq_len = 48
+max_steps = 1
+"#,
+            chat = chat.display(),
+            tok = tok_dir.join("tokenizer.json").display(),
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("batches.jsonl");
+    ok(&qwen_burn(
+        &[
+            "batches",
+            "--config",
+            s(&cfg),
+            "--steps",
+            "1",
+            "--out",
+            s(&out),
+        ],
+        &[],
+    ));
+    let record: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let tok = qwen_burn_data::Tok::from_file(&tok_dir.join("tokenizer.json")).unwrap();
+    let row = |key: &str| -> Vec<i64> {
+        record[key][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    let inputs: Vec<u32> = row("inputs").iter().map(|&x| x as u32).collect();
+    let text = tok.decode(&inputs).unwrap();
+    assert!(text.starts_with("<|im_start|>user\n>>What is"), "{text:?}");
+    let targets: Vec<u32> = row("targets")
+        .iter()
+        .filter(|&&x| x >= 0)
+        .map(|&x| x as u32)
+        .collect();
+    let trained = tok.decode(&targets).unwrap();
+    assert!(
+        trained.contains(" plus ")
+            && trained.ends_with("<|im_end|>")
+            && !trained.contains("What is"),
+        "{trained:?}"
+    );
+}

@@ -22,6 +22,21 @@ fn generate(model: &std::path::Path, extra: &[&str]) -> Value {
     serde_json::from_str(out.trim()).expect("generate --json prints JSON")
 }
 
+/// `generate --json` with a chat prompt (no `--prompt-ids`), 2 new tokens.
+fn generate_chat(model: &std::path::Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "generate",
+        "--model",
+        s(model),
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = ok(&qwen_burn(&args, &[]));
+    serde_json::from_str(out.trim()).expect("generate --json prints JSON")
+}
+
 fn ids(v: &Value) -> Vec<u64> {
     v["new_token_ids"]
         .as_array()
@@ -133,4 +148,67 @@ fn generation_config_sets_stop_tokens_and_sampling_defaults() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `--chat` renders the message with the template of `tokenizer_config.json` beside the
+/// model's tokenizer and the generation prompt; `--chat-json` takes a whole conversation;
+/// without a template the prompt is ChatML.
+#[test]
+fn chat_prompts_use_the_model_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 2, 2, "");
+    let run = tmp.path().join("run");
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&run)],
+        &[],
+    ));
+    let hf = tmp.path().join("hf");
+    ok(&qwen_burn(
+        &["export", "--checkpoint", s(&run), "--out", s(&hf)],
+        &[],
+    ));
+    let decode = |v: &Value| {
+        let ids: Vec<String> = v["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        let out = ok(&qwen_burn(
+            &[
+                "tokenizer",
+                "decode",
+                "--tokenizer",
+                s(&hf.join("tokenizer.json")),
+                "--ids",
+                &ids.join(","),
+            ],
+            &[],
+        ));
+        out.strip_suffix('\n').unwrap_or(&out).to_string()
+    };
+    // No tokenizer_config.json: ChatML.
+    let v = generate_chat(&hf, &["--chat", "Hi there"]);
+    assert_eq!(
+        decode(&v),
+        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // The model's own template.
+    std::fs::write(
+        hf.join("tokenizer_config.json"),
+        json!({"chat_template": "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"}).to_string(),
+    )
+    .unwrap();
+    let v = generate_chat(&hf, &["--chat", "Hi there", "--system", "Be brief."]);
+    assert_eq!(decode(&v), "[system]Be brief.\n[user]Hi there\n[assistant]");
+    let conv = tmp.path().join("conv.json");
+    std::fs::write(
+        &conv,
+        json!([{"role": "user", "content": "A?"}, {"role": "assistant", "content": "B."},
+               {"role": "user", "content": "C?"}])
+        .to_string(),
+    )
+    .unwrap();
+    let v = generate_chat(&hf, &["--chat-json", s(&conv)]);
+    assert_eq!(decode(&v), "[user]A?\n[assistant]B.\n[user]C?\n[assistant]");
 }

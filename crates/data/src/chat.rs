@@ -19,12 +19,14 @@
 //! most packing trainers); the attention mask only marks padding.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{Batch, Cursor, EpochOrder, IGNORE_INDEX, SampleMode, check_shape};
 use crate::error::{DataError, Result};
 use crate::ingest::{self, SourceFile};
+use crate::template::ChatTemplate;
 use crate::tokenizer::{IM_END, IM_START, Tok};
 
 /// One chat message.
@@ -70,6 +72,8 @@ pub struct ChatOptions {
     pub pack: bool,
     /// Prepended as a `system` message to conversations that do not start with one.
     pub system_prompt: Option<String>,
+    /// The model's chat template (`tokenizer_config.json`); `None` renders ChatML.
+    pub template: Option<Arc<ChatTemplate>>,
 }
 
 impl Default for ChatOptions {
@@ -78,6 +82,7 @@ impl Default for ChatOptions {
             seq_len: 512,
             pack: false,
             system_prompt: None,
+            template: None,
         }
     }
 }
@@ -191,7 +196,10 @@ impl SftDataset {
                 messages.push(Message::new("system", sys));
             }
             messages.extend_from_slice(conv);
-            let (mut ids, mut mask) = tokenize_chat(tok, &messages)?;
+            let (mut ids, mut mask) = match &opts.template {
+                Some(template) => template.tokenize(tok, &messages)?,
+                None => tokenize_chat(tok, &messages)?,
+            };
             if ids.len() > max {
                 ids.truncate(max);
                 mask.truncate(max);

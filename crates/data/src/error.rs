@@ -50,6 +50,15 @@ pub enum DataError {
         gz: &'static str,
     },
 
+    /// A `tokenizer_config.json` chat template that cannot be read, compiled or applied.
+    #[error("chat template of {path}: {message}")]
+    ChatTemplate {
+        /// The `tokenizer_config.json`.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+
     /// A JSONL line that is not a JSON object with the expected fields.
     #[error("{path}:{line}: {message}")]
     Jsonl {

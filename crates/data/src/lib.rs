@@ -23,6 +23,7 @@ pub mod prefetch;
 pub mod prepare;
 pub mod sampler;
 pub mod shards;
+pub mod template;
 pub mod tokenizer;
 
 pub use batch::{Batch, Cursor, IGNORE_INDEX, SampleMode};
@@ -34,4 +35,5 @@ pub use prefetch::{PrefetchStats, Prefetcher};
 pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};
 pub use sampler::{WindowSampler, eval_batches};
 pub use shards::{ShardFile, ShardMeta, SourceMeta, Split, SplitMeta, TokenStore};
+pub use template::ChatTemplate;
 pub use tokenizer::{Tok, TrainBpeOptions, default_special_tokens, train_bpe};

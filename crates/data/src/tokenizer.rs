@@ -76,6 +76,9 @@ pub fn copy_tokenizer_json(src: &Path, dest: &Path) -> Result<()> {
     std::fs::rename(&tmp, dest).map_err(|e| DataError::io(dest, e))
 }
 
+/// `[start, end)` byte offsets of a token in the encoded text.
+pub type ByteSpan = (usize, usize);
+
 /// A loaded tokenizer with cached special ids, vocabulary size and file hash.
 #[derive(Clone, Debug)]
 pub struct Tok {
@@ -118,6 +121,15 @@ impl Tok {
             .encode_fast(text, false)
             .map_err(|e| DataError::tokenizer("encoding", e))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` with the byte span of each token in `text` (no special tokens added).
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteSpan>)> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| DataError::tokenizer("encoding", e))?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }
 
     /// Text of `ids`, special tokens included (`skip_special_tokens = false`).

@@ -87,6 +87,7 @@ fn padded_rows_have_attention_mask_and_ignored_targets() {
         seq_len: 64,
         pack: false,
         system_prompt: Some("Be kind.".into()),
+        template: None,
     };
     let ds = SftDataset::load(&path, &tok, &opts).unwrap();
     assert_eq!(ds.len(), 2);
@@ -140,6 +141,7 @@ fn packing_fills_rows_with_whole_conversations() {
             seq_len: 128,
             pack: false,
             system_prompt: None,
+            template: None,
         },
     )
     .unwrap();
@@ -150,6 +152,7 @@ fn packing_fills_rows_with_whole_conversations() {
             seq_len: 128,
             pack: true,
             system_prompt: None,
+            template: None,
         },
     )
     .unwrap();
@@ -186,6 +189,7 @@ fn long_conversations_are_truncated_and_counted() {
             seq_len: 32,
             pack: false,
             system_prompt: None,
+            template: None,
         },
     )
     .unwrap();
@@ -225,6 +229,7 @@ fn sft_sampler_resumes_exactly_directly_and_through_prefetcher() {
                 seq_len: 48,
                 pack: false,
                 system_prompt: None,
+                template: None,
             },
         )
         .unwrap(),

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use qwen_burn_data::{
-    Batch, ChatOptions, Cursor, Prefetcher, PrepareOptions, SftDataset, SftSampler, Split, Tok,
-    TokenStore, WindowSampler, eval_batches, prepare,
+    Batch, ChatOptions, ChatTemplate, Cursor, Prefetcher, PrepareOptions, SftDataset, SftSampler,
+    Split, Tok, TokenStore, WindowSampler, eval_batches, prepare,
 };
 use sha2::{Digest, Sha256};
 
@@ -63,10 +63,19 @@ impl DataPipeline {
                         "sft takes exactly one JSONL file",
                     ));
                 }
+                // The model's own template when its tokenizer ships one, else ChatML.
+                let template = ChatTemplate::beside(&d.tokenizer)?.map(Arc::new);
+                if let Some(t) = &template {
+                    tracing::info!(
+                        "rendering chat data with the template of {}",
+                        t.source().display()
+                    );
+                }
                 let opts = ChatOptions {
                     seq_len: t.seq_len,
                     pack: d.pack,
                     system_prompt: None,
+                    template,
                 };
                 let train = Arc::new(SftDataset::load(&d.inputs[0], &tok, &opts)?);
                 let mut sampler = SftSampler::for_dataset(&train, t.batch_size, seed)?;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use qwen_burn_data::Tok;
+use qwen_burn_data::{ChatTemplate, Message, Tok};
 use qwen_burn_model::{GenerationConfig, SamplingConfig, SamplingDefaults, generate};
 use qwen_burn_train::checkpoint::find_beside;
 use serde_json::json;
@@ -17,8 +17,19 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt text (needs a tokenizer).
-    #[arg(long, conflicts_with = "prompt_ids")]
+    #[arg(long, conflicts_with_all = ["prompt_ids", "chat", "chat_json"])]
     pub prompt: Option<String>,
+    /// A user message, rendered with the model's chat template (its tokenizer_config.json;
+    /// ChatML when it has none) and the generation prompt.
+    #[arg(long, conflicts_with_all = ["prompt_ids", "chat_json"])]
+    pub chat: Option<String>,
+    /// A conversation so far: a JSON file holding a list of {"role", "content"} messages (the
+    /// multi-turn form of --chat).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub chat_json: Option<PathBuf>,
+    /// A system message put before --chat / --chat-json messages.
+    #[arg(long)]
+    pub system: Option<String>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
@@ -114,16 +125,47 @@ pub fn sampling_config(
     }
 }
 
+/// The rendered chat prompt of `--chat` / `--chat-json` (with `--system`), or `None`.
+fn chat_prompt(args: &Args, tok: Option<&Tok>) -> Result<Option<String>> {
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::new("system", system));
+    }
+    match (&args.chat, &args.chat_json) {
+        (Some(text), _) => messages.push(Message::new("user", text)),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let turns: Vec<Message> = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: expected a JSON list of {{\"role\", \"content\"}} messages",
+                    path.display()
+                )
+            })?;
+            messages.extend(turns);
+        }
+        (None, None) => return Ok(None),
+    }
+    let tok = tok.context("--chat needs a tokenizer: put tokenizer.json next to the model")?;
+    let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
+    Ok(Some(template.render(&messages, true)?))
+}
+
 pub fn run(args: Args) -> Result<()> {
     let (model, device) = args.model.load()?;
     let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?;
-    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) => tok
-            .as_ref()
-            .context("--prompt needs a tokenizer: put tokenizer.json next to the model or pass --tokenizer")?
-            .encode(text)?,
-        (None, Some(ids)) => ids.clone(),
-        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    let need_tok = || {
+        tok.as_ref().context(
+            "a text prompt needs a tokenizer: put tokenizer.json next to the model or pass --tokenizer",
+        )
+    };
+    let chat_text = chat_prompt(&args, tok.as_ref())?;
+    let prompt: Vec<u32> = match (&chat_text, &args.prompt, &args.prompt_ids) {
+        (Some(text), _, _) | (None, Some(text), _) => need_tok()?.encode(text)?,
+        (None, None, Some(ids)) => ids.clone(),
+        (None, None, None) => {
+            bail!("give --prompt TEXT, --chat TEXT, --chat-json FILE or --prompt-ids 1,2,3")
+        }
     };
     let gen_config = find_generation_config(&args.model.model)?;
     let cfg = sampling_config(
@@ -133,7 +175,7 @@ pub fn run(args: Args) -> Result<()> {
         tok.as_ref(),
     );
     let stream = !args.json && tok.is_some();
-    if stream && let Some(text) = &args.prompt {
+    if stream && let Some(text) = chat_text.as_ref().or(args.prompt.as_ref()) {
         print!("{text}");
     }
     let mut shown = String::new();
