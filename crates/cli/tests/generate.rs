@@ -6,35 +6,27 @@ use common::*;
 
 use serde_json::{Value, json};
 
-fn generate(model: &std::path::Path, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "generate",
-        "--model",
-        s(model),
-        "--prompt-ids",
-        "5,17,300",
-        "--max-new-tokens",
-        "8",
-        "--json",
-    ];
+/// `generate --json` with `base` then `extra` arguments.
+fn run_generate(model: &std::path::Path, base: &[&str], extra: &[&str]) -> Value {
+    let mut args = vec!["generate", "--model", s(model), "--json"];
+    args.extend_from_slice(base);
     args.extend_from_slice(extra);
     let out = ok(&qwen_burn(&args, &[]));
     serde_json::from_str(out.trim()).expect("generate --json prints JSON")
 }
 
-/// `generate --json` with a chat prompt (no `--prompt-ids`), 2 new tokens.
+/// 8 tokens after a fixed 3-token prompt.
+fn generate(model: &std::path::Path, extra: &[&str]) -> Value {
+    run_generate(
+        model,
+        &["--prompt-ids", "5,17,300", "--max-new-tokens", "8"],
+        extra,
+    )
+}
+
+/// 2 tokens after a chat prompt.
 fn generate_chat(model: &std::path::Path, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "generate",
-        "--model",
-        s(model),
-        "--max-new-tokens",
-        "2",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let out = ok(&qwen_burn(&args, &[]));
-    serde_json::from_str(out.trim()).expect("generate --json prints JSON")
+    run_generate(model, &["--max-new-tokens", "2"], extra)
 }
 
 fn ids(v: &Value) -> Vec<u64> {

@@ -39,11 +39,7 @@ mod tests {
     fn warmup_then_cosine_to_the_floor() {
         let opt = OptimizerConfig {
             lr: 1.0,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            grad_clip: 0.0,
+            ..OptimizerConfig::default()
         };
         let sched = ScheduleConfig {
             warmup_steps: 10,
@@ -61,11 +57,7 @@ mod tests {
     fn a_run_shorter_than_its_warmup_clips_the_warmup() {
         let opt = OptimizerConfig {
             lr: 1.0,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            grad_clip: 0.0,
+            ..OptimizerConfig::default()
         };
         let sched = ScheduleConfig {
             warmup_steps: 30,

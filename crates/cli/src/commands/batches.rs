@@ -5,18 +5,15 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use qwen_burn_train::RunConfig;
 use qwen_burn_train::config::ModelSource;
+
+use super::ConfigArgs;
 use qwen_burn_train::data::DataPipeline;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Run config.
-    #[arg(long)]
-    config: PathBuf,
-    /// Override a config value (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    overrides: Vec<String>,
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Optimizer steps to dump (each has training.grad_accum micro-batches).
     #[arg(long)]
     steps: usize,
@@ -27,7 +24,7 @@ pub struct Args {
 
 /// Dump the training batches of the first `steps` steps, exactly as `train` consumes them.
 pub fn run(args: Args) -> Result<()> {
-    let config = RunConfig::load(&args.config, &args.overrides)?;
+    let config = args.config.load(&[])?;
     let vocab = match &config.model {
         ModelSource::Scratch(c) => c.vocab_size,
         ModelSource::Pretrained(dir) => {

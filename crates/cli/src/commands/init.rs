@@ -6,17 +6,14 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_train::RunConfig;
 use qwen_burn_train::config::ModelSource;
+
+use super::ConfigArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Run config whose [model] and training.seed to use.
-    #[arg(long)]
-    config: PathBuf,
-    /// Override a config value (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    overrides: Vec<String>,
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Output HF model directory.
     #[arg(long)]
     out: PathBuf,
@@ -24,7 +21,7 @@ pub struct Args {
 
 /// Write the initial weights `train` would start from, as an HF model directory.
 pub fn run(args: Args) -> Result<()> {
-    let config = RunConfig::load(&args.config, &args.overrides)?;
+    let config = args.config.load(&[])?;
     let ModelSource::Scratch(model_config) = &config.model else {
         bail!("init needs an inline [model] architecture");
     };
@@ -36,7 +33,7 @@ pub fn run(args: Args) -> Result<()> {
     model.save_pretrained(&args.out)?;
     println!(
         "wrote the step-0 weights of {} to {}",
-        args.config.display(),
+        args.config.config.display(),
         args.out.display()
     );
     Ok(())

@@ -19,7 +19,28 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use qwen_burn_data::Tok;
 use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
+use qwen_burn_train::RunConfig;
 use qwen_burn_train::checkpoint::{find_beside, load_model_any};
+
+/// A run config and its overrides, as every command that reads one takes them.
+#[derive(clap::Args, Debug)]
+pub struct ConfigArgs {
+    /// Run config (TOML).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override a config value, e.g. `--set optimizer.lr=3e-4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+impl ConfigArgs {
+    /// Load the config with its overrides and `extra` ones after them.
+    pub fn load(&self, extra: &[String]) -> Result<RunConfig> {
+        let overrides: Vec<String> = self.overrides.iter().chain(extra).cloned().collect();
+        RunConfig::load(&self.config, &overrides)
+            .with_context(|| format!("loading run config {}", self.config.display()))
+    }
+}
 
 /// Arguments shared by every command that loads a model.
 #[derive(clap::Args, Debug)]

@@ -2,17 +2,15 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use qwen_burn_model::DeviceSet;
+
+use super::ConfigArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Run config (TOML).
-    #[arg(long)]
-    pub config: PathBuf,
-    /// Override a config value, e.g. `--set optimizer.lr=3e-4` (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
     /// Device, or a list for data-parallel replicas: flex, ndarray, wgpu, cuda[:N], `flex,flex`,
     /// `cuda:0,cuda:1` (default: training.device of the config).
     #[arg(long)]
@@ -29,15 +27,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let mut overrides = args.overrides.clone();
-    if let Some(steps) = args.max_steps {
-        overrides.push(format!("training.max_steps={steps}"));
-    }
-    let config = qwen_burn_train::RunConfig::load(&args.config, &overrides)
-        .with_context(|| format!("loading run config {}", args.config.display()))?;
+    let max_steps: Vec<String> = args
+        .max_steps
+        .map(|steps| format!("training.max_steps={steps}"))
+        .into_iter()
+        .collect();
+    let config = args.config.load(&max_steps)?;
     let run_dir = args
         .run_dir
-        .unwrap_or_else(|| qwen_burn_train::trainer::default_run_dir(&args.config));
+        .unwrap_or_else(|| qwen_burn_train::trainer::default_run_dir(&args.config.config));
     let opts = qwen_burn_train::RunOptions {
         device: args.device,
         run_dir: run_dir.clone(),
