@@ -59,6 +59,15 @@ pub enum DataError {
         message: String,
     },
 
+    /// A Parquet file that cannot be read, or whose text column is missing or not a string.
+    #[error("{path}: {message}")]
+    Parquet {
+        /// The Parquet file.
+        path: PathBuf,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+
     /// A JSONL line that is not a JSON object with the expected fields.
     #[error("{path}:{line}: {message}")]
     Jsonl {

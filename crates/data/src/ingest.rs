@@ -8,6 +8,9 @@
 //!   plays are therefore one document per work.
 //! - A JSONL file (`*.jsonl`, `*.jsonl.gz`) holds one document per non-blank line, taken from a
 //!   configurable string field (default `"text"`).
+//! - A Parquet file (`*.parquet`) holds one document per row, taken from a string column (the
+//!   same option as the JSONL field); it is read one row group at a time
+//!   ([`crate::parquet_source`]). Null cells are skipped like empty documents.
 //! - Documents that are empty or whitespace-only are skipped.
 //! - Invalid UTF-8 is an error naming the file, the byte offset and the line; nothing is skipped
 //!   silently.
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::error::{DataError, Result};
+use crate::parquet_source::ParquetDocuments;
 
 /// How a source file is parsed into documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +31,8 @@ pub enum SourceKind {
     Text,
     /// One JSON object per line; the document is one string field.
     Jsonl,
+    /// A Parquet file; one document per row, from one string column (read by row group).
+    Parquet,
 }
 
 /// One input file after expanding directories.
@@ -52,6 +58,8 @@ impl SourceFile {
         let stem = name.strip_suffix(".gz").unwrap_or(&name);
         let kind = if stem.ends_with(".jsonl") {
             SourceKind::Jsonl
+        } else if name.ends_with(".parquet") {
+            SourceKind::Parquet
         } else {
             SourceKind::Text
         };
@@ -67,7 +75,7 @@ impl SourceFile {
 fn is_corpus_name(name: &str) -> bool {
     let name = name.to_lowercase();
     let stem = name.strip_suffix(".gz").unwrap_or(&name);
-    stem.ends_with(".txt") || stem.ends_with(".jsonl")
+    stem.ends_with(".txt") || stem.ends_with(".jsonl") || name.ends_with(".parquet")
 }
 
 /// Expands the inputs into a list of files, in a deterministic order.
@@ -188,6 +196,23 @@ pub fn read_text_file(path: &Path) -> Result<String> {
     Ok(read_text(path, SourceFile::from_path(path).gz)?.text)
 }
 
+/// Size and lower-case hex sha256 of a file, read in 1 MiB blocks.
+pub fn file_digest(path: &Path) -> Result<(u64, String)> {
+    let mut file = fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| DataError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok((bytes, hex::encode(hasher.finalize())))
+}
+
 /// A source file read into documents.
 #[derive(Debug)]
 pub struct LoadedSource {
@@ -203,6 +228,21 @@ pub struct LoadedSource {
 
 /// Reads one source into documents (see the module docs for the rules).
 pub fn load(src: &SourceFile, text_field: &str) -> Result<LoadedSource> {
+    if src.kind == SourceKind::Parquet {
+        let (disk_bytes, sha256) = file_digest(&src.path)?;
+        let mut reader = ParquetDocuments::open(&src.path, text_field)?;
+        let mut documents = Vec::new();
+        while let Some(docs) = reader.next_row_group() {
+            documents.extend(docs?);
+        }
+        let text_bytes = documents.iter().map(|d| d.len() as u64).sum();
+        return Ok(LoadedSource {
+            documents,
+            disk_bytes,
+            text_bytes,
+            sha256,
+        });
+    }
     let raw = read_text(&src.path, src.gz)?;
     let documents = match src.kind {
         SourceKind::Text => {
@@ -213,6 +253,7 @@ pub fn load(src: &SourceFile, text_field: &str) -> Result<LoadedSource> {
             }
         }
         SourceKind::Jsonl => jsonl_documents(&src.path, &raw.text, text_field)?,
+        SourceKind::Parquet => unreachable!("read above"),
     };
     let text_bytes = documents.iter().map(|d| d.len() as u64).sum();
     Ok(LoadedSource {

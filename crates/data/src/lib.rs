@@ -19,6 +19,7 @@ pub mod batch;
 pub mod chat;
 pub mod error;
 pub mod ingest;
+pub mod parquet_source;
 pub mod prefetch;
 pub mod prepare;
 pub mod sampler;

@@ -18,7 +18,8 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::error::{DataError, Result};
-use crate::ingest::{self, LoadedSource, SourceFile};
+use crate::ingest::{self, LoadedSource, SourceFile, SourceKind};
+use crate::parquet_source::ParquetDocuments;
 use crate::shards::{
     FORMAT_VERSION, HEADER_BYTES, META_FILE, SHARD_TOKENS, ShardMeta, ShardWriter, SourceMeta,
     Split, SplitMeta, dtype_bytes, dtype_for_vocab,
@@ -89,7 +90,7 @@ pub fn prepare_with_shard_size(opts: &PrepareOptions, shard_tokens: usize) -> Re
     if files.is_empty() {
         return Err(DataError::EmptyCorpus {
             inputs: describe_inputs(&opts.inputs),
-            detail: "no .txt/.jsonl(.gz) files found".into(),
+            detail: "no .txt/.jsonl(.gz)/.parquet files found".into(),
         });
     }
     let stats = files
@@ -127,8 +128,60 @@ pub fn prepare_with_shard_size(opts: &PrepareOptions, shard_tokens: usize) -> Re
     let mut sources = Vec::with_capacity(files.len());
     let mut text_bytes = 0u64;
 
-    for group in groups(&stats) {
+    // One source's token ids (EOS after each document) become its train and val parts.
+    let mut finish_source = |ids: Vec<u32>,
+                             doc_ends: Vec<usize>,
+                             src_text_bytes: u64,
+                             disk_bytes: u64,
+                             sha256: String,
+                             index: usize|
+     -> Result<()> {
+        let n_val = (ids.len() as f64 * opts.val_fraction).round() as usize;
+        let cut = ids.len() - n_val;
+        train.push(&ids[..cut])?;
+        val.push(&ids[cut..])?;
+        // A document cut by the boundary counts in both splits.
+        let mut doc_start = 0;
+        for &end in &doc_ends {
+            train_meta.documents += u64::from(doc_start < cut);
+            val_meta.documents += u64::from(end > cut);
+            doc_start = end;
+        }
+        train_meta.tokens += cut as u64;
+        val_meta.tokens += n_val as u64;
+        text_bytes += src_text_bytes;
+        sources.push(SourceMeta {
+            path: path_key(&files[index].path),
+            bytes: disk_bytes,
+            sha256,
+            mtime_ns: stats[index].1,
+            documents: doc_ends.len() as u64,
+            tokens: ids.len() as u64,
+        });
+        Ok(())
+    };
+
+    for group in groups(&files, &stats) {
         let group_files = &files[group.clone()];
+        if let [file] = group_files
+            && file.kind == SourceKind::Parquet
+        {
+            // Row group by row group: only one row group's text is in memory at a time.
+            let (disk_bytes, sha256) = ingest::file_digest(&file.path)?;
+            let mut reader = ParquetDocuments::open(&file.path, &opts.text_field)?;
+            let (mut ids, mut doc_ends, mut src_text) = (Vec::new(), Vec::new(), 0u64);
+            while let Some(docs) = reader.next_row_group() {
+                let docs = docs?;
+                src_text += docs.iter().map(|d| d.len() as u64).sum::<u64>();
+                let (part, ends) = encode_documents(&pool, &tok, &docs, eos, &pb)?;
+                let offset = ids.len();
+                doc_ends.extend(ends.into_iter().map(|e| e + offset));
+                ids.extend(part);
+            }
+            pb.inc_length(src_text.saturating_sub(disk_bytes));
+            finish_source(ids, doc_ends, src_text, disk_bytes, sha256, group.start)?;
+            continue;
+        }
         let loaded: Vec<LoadedSource> = pool.install(|| {
             group_files
                 .par_iter()
@@ -178,29 +231,14 @@ pub fn prepare_with_shard_size(opts: &PrepareOptions, shard_tokens: usize) -> Re
                 ids.push(eos);
                 doc_ends.push(ids.len());
             }
-            let n_val = (ids.len() as f64 * opts.val_fraction).round() as usize;
-            let cut = ids.len() - n_val;
-            train.push(&ids[..cut])?;
-            val.push(&ids[cut..])?;
-            // A document cut by the boundary counts in both splits.
-            let mut doc_start = 0;
-            for &end in &doc_ends {
-                train_meta.documents += u64::from(doc_start < cut);
-                val_meta.documents += u64::from(end > cut);
-                doc_start = end;
-            }
-            train_meta.tokens += cut as u64;
-            val_meta.tokens += n_val as u64;
-            text_bytes += l.text_bytes;
-            let (_, mtime_ns) = stats[group.start + s];
-            sources.push(SourceMeta {
-                path: path_key(&group_files[s].path),
-                bytes: l.disk_bytes,
-                sha256: l.sha256.clone(),
-                mtime_ns,
-                documents: doc_ends.len() as u64,
-                tokens: ids.len() as u64,
-            });
+            finish_source(
+                ids,
+                doc_ends,
+                l.text_bytes,
+                l.disk_bytes,
+                l.sha256.clone(),
+                group.start + s,
+            )?;
         }
     }
     pb.finish_and_clear();
@@ -260,12 +298,14 @@ fn file_stat(path: &Path) -> Result<(u64, u64)> {
 }
 
 /// Consecutive index ranges of files whose sizes add up to at most [`GROUP_BYTES`] (a larger
-/// file is a group on its own).
-fn groups(stats: &[(u64, u64)]) -> Vec<std::ops::Range<usize>> {
+/// file is a group on its own, and so is every Parquet file, which is streamed by row group).
+fn groups(files: &[SourceFile], stats: &[(u64, u64)]) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0u64);
     for (i, (size, _)) in stats.iter().enumerate() {
-        if i > start && bytes + size > GROUP_BYTES {
+        let alone = files[i].kind == SourceKind::Parquet;
+        let prev_alone = i > 0 && files[i - 1].kind == SourceKind::Parquet;
+        if i > start && (bytes + size > GROUP_BYTES || alone || prev_alone) {
             out.push(start..i);
             start = i;
             bytes = 0;
@@ -274,6 +314,48 @@ fn groups(stats: &[(u64, u64)]) -> Vec<std::ops::Range<usize>> {
     }
     out.push(start..stats.len());
     out
+}
+
+/// Token ids of `docs` (EOS after each) and the end offset of each document, the pieces
+/// encoded in parallel on `pool`.
+fn encode_documents(
+    pool: &rayon::ThreadPool,
+    tok: &Tok,
+    docs: &[String],
+    eos: u32,
+    pb: &ProgressBar,
+) -> Result<(Vec<u32>, Vec<usize>)> {
+    let pieces: Vec<(usize, &str)> = docs
+        .iter()
+        .enumerate()
+        .flat_map(|(d, doc)| {
+            ingest::chunk_text(doc, PIECE_BYTES)
+                .into_iter()
+                .map(move |p| (d, p))
+        })
+        .collect();
+    let encoded: Vec<Vec<u32>> = pool.install(|| {
+        pieces
+            .par_iter()
+            .map(|(_, p)| {
+                let ids = tok.encode(p)?;
+                pb.inc(p.len() as u64);
+                Ok(ids)
+            })
+            .collect::<Result<_>>()
+    })?;
+    let mut ids = Vec::new();
+    let mut ends = Vec::with_capacity(docs.len());
+    let mut next = 0;
+    for d in 0..docs.len() {
+        while next < pieces.len() && pieces[next].0 == d {
+            ids.extend_from_slice(&encoded[next]);
+            next += 1;
+        }
+        ids.push(eos);
+        ends.push(ids.len());
+    }
+    Ok((ids, ends))
 }
 
 fn progress_bar(show: bool, total: u64) -> ProgressBar {
@@ -389,7 +471,16 @@ mod tests {
     fn groups_cover_all_files_in_order() {
         let big = GROUP_BYTES;
         let stats = [(10, 0), (big, 0), (5, 0), (5, 0), (big - 20, 0), (30, 0)];
-        let g = groups(&stats);
-        assert_eq!(g, vec![0..1, 1..2, 2..5, 5..6]);
+        let files: Vec<SourceFile> = (0..6)
+            .map(|i| SourceFile::from_path(Path::new(&format!("f{i}.txt"))))
+            .collect();
+        assert_eq!(groups(&files, &stats), vec![0..1, 1..2, 2..5, 5..6]);
+        // A Parquet file is streamed on its own.
+        let mut with_parquet = files.clone();
+        with_parquet[3] = SourceFile::from_path(Path::new("d.parquet"));
+        assert_eq!(
+            groups(&with_parquet, &stats),
+            vec![0..1, 1..2, 2..3, 3..4, 4..5, 5..6]
+        );
     }
 }

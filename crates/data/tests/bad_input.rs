@@ -52,7 +52,7 @@ fn empty_corpus_is_an_error() {
     assert_eq!(
         msg,
         format!(
-            "empty corpus: no .txt/.jsonl(.gz) files found (inputs: {})",
+            "empty corpus: no .txt/.jsonl(.gz)/.parquet files found (inputs: {})",
             empty_dir.display()
         )
     );

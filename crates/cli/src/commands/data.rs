@@ -31,8 +31,8 @@ pub enum Cmd {
         /// Fraction of each source's tokens (its tail) kept for validation.
         #[arg(long, default_value_t = 0.05)]
         val_fraction: f64,
-        /// Field holding the text in JSONL inputs.
-        #[arg(long, default_value = "text")]
+        /// Field holding the text in JSONL inputs, or the string column of Parquet inputs.
+        #[arg(long, visible_alias = "text-column", default_value = "text")]
         text_field: String,
         /// Tokenisation threads [default: all cores].
         #[arg(long)]

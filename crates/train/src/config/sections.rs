@@ -33,7 +33,8 @@ impl DataKind {
 pub struct DataConfig {
     /// `text` or `sft`.
     pub kind: DataKind,
-    /// Corpus files or directories (text: .txt, .jsonl, .gz; sft: one JSONL file). Required.
+    /// Corpus files or directories (text: .txt, .jsonl, .gz, .parquet; sft: one JSONL file).
+    /// Required.
     pub inputs: Vec<PathBuf>,
     /// Validation inputs for `sft` (text splits `val_fraction` off the corpus instead).
     pub val_inputs: Vec<PathBuf>,
@@ -43,7 +44,7 @@ pub struct DataConfig {
     pub cache_dir: Option<PathBuf>,
     /// Fraction of documents held out for validation (text).
     pub val_fraction: f64,
-    /// JSONL field holding the text.
+    /// JSONL field, or Parquet string column, holding the text.
     pub text_field: String,
     /// `random` windows from a seeded RNG, or `epochs` over a seeded shuffle of windows.
     pub sampling: SampleMode,

@@ -1,0 +1,131 @@
+//! Parquet input (the format HF `datasets` writes): one document per row, from a string column,
+//! read one row group at a time so a large file is never held whole in memory.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
+use parquet::schema::types::Type;
+
+use crate::error::{DataError, Result};
+
+/// The documents of a Parquet file's text column, row group by row group.
+pub struct ParquetDocuments {
+    path: PathBuf,
+    reader: SerializedFileReader<File>,
+    projection: Type,
+    column: String,
+    next: usize,
+}
+
+fn err(path: &Path, message: impl Into<String>) -> DataError {
+    DataError::Parquet {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+impl ParquetDocuments {
+    /// Open `path` and check that `column` is a top-level string column; the error names the
+    /// file, and lists the columns it has when `column` is not one of them.
+    pub fn open(path: &Path, column: &str) -> Result<Self> {
+        let file = File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => DataError::MissingPath {
+                path: path.to_path_buf(),
+            },
+            _ => DataError::io(path, e),
+        })?;
+        let reader = SerializedFileReader::new(file)
+            .map_err(|e| err(path, format!("not a readable Parquet file: {e}")))?;
+        let schema = reader.metadata().file_metadata().schema_descr();
+        let root = schema.root_schema();
+        let Some(field) = root.get_fields().iter().find(|f| f.name() == column) else {
+            let names: Vec<&str> = root.get_fields().iter().map(|f| f.name()).collect();
+            return Err(err(
+                path,
+                format!(
+                    "no column `{column}` (the file has columns {names:?}; choose one with --text-column)"
+                ),
+            ));
+        };
+        let is_string = field.is_primitive()
+            && field.get_physical_type() == PhysicalType::BYTE_ARRAY
+            && (matches!(
+                field.get_basic_info().logical_type_ref(),
+                Some(LogicalType::String)
+            ) || field.get_basic_info().converted_type() == ConvertedType::UTF8);
+        if !is_string {
+            let kind = if field.is_primitive() {
+                format!(
+                    "{}{}",
+                    field.get_physical_type(),
+                    match field.get_basic_info().logical_type_ref() {
+                        Some(l) => format!(" ({l:?})"),
+                        None => String::new(),
+                    }
+                )
+            } else {
+                "a nested group".into()
+            };
+            return Err(err(
+                path,
+                format!("column `{column}` has type {kind}, expected a string (UTF8) column"),
+            ));
+        }
+        let projection = Type::group_type_builder(root.name())
+            .with_fields(vec![field.clone()])
+            .build()
+            .map_err(|e| err(path, e.to_string()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            reader,
+            projection,
+            column: column.to_string(),
+            next: 0,
+        })
+    }
+
+    /// Row groups in the file.
+    pub fn num_row_groups(&self) -> usize {
+        self.reader.metadata().num_row_groups()
+    }
+
+    /// The non-empty documents of the next row group (null and blank cells are skipped, as
+    /// blank documents are in every format), or `None` after the last one.
+    pub fn next_row_group(&mut self) -> Option<Result<Vec<String>>> {
+        if self.next >= self.num_row_groups() {
+            return None;
+        }
+        let index = self.next;
+        self.next += 1;
+        Some(self.read_row_group(index))
+    }
+
+    fn read_row_group(&self, index: usize) -> Result<Vec<String>> {
+        let context =
+            |e: parquet::errors::ParquetError| err(&self.path, format!("row group {index}: {e}"));
+        let group = self.reader.get_row_group(index).map_err(context)?;
+        let rows = group
+            .get_row_iter(Some(self.projection.clone()))
+            .map_err(context)?;
+        let mut docs = Vec::new();
+        for row in rows {
+            let row = row.map_err(context)?;
+            for (_, field) in row.get_column_iter() {
+                match field {
+                    Field::Str(s) if !s.trim().is_empty() => docs.push(s.clone()),
+                    Field::Str(_) | Field::Null => {}
+                    other => {
+                        return Err(err(
+                            &self.path,
+                            format!("column `{}` holds {other:?}, expected strings", self.column),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(docs)
+    }
+}
