@@ -7,7 +7,14 @@ batch shape, with torch.set_num_threads(THREADS), and times `qwen-burn bench tra
 config; the two alternate ROUNDS times so background load hits both alike. Then it compares
 greedy decoding (HF generate with its KV cache vs `qwen-burn bench generate`).
 
-    /root/venv-hf/bin/python benches/compare_pytorch.py [--rounds 3] [--steps 5] [--configs ...]
+`--suite real` runs the real-checkpoint jobs of issue 13 on the Qwen3-0.6B shape instead (random
+weights, batch 1 x 256, f32): LoRA (PEFT r=8, alpha 16 on q,k,v,o,gate,up,down vs
+configs/bench-lora-0.6b.toml), full fine-tuning (AdamW, clip 1.0), and greedy decoding of 32
+tokens after a 128-token prompt (HF generate vs `bench generate`), with the peak RSS of each
+process (ru_maxrss of the PyTorch child; `peak_rss_mb` of ours).
+
+    python benches/compare_pytorch.py [--rounds 3] [--steps 5] [--configs ...]
+    python benches/compare_pytorch.py --suite real [--rounds 2]
 
 Prints one line per measurement and a summary with the ratios ours / PyTorch (> 1 = we are
 faster in tokens/s) and the machine load (1-minute load average) before each measurement.
@@ -28,6 +35,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("QWEN_BURN_BIN", os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "qwen-burn"))
 
 
+ATTN = "sdpa"
+
+
+def rss_mb():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def load():
     return os.getloadavg()[0]
 
@@ -40,7 +55,7 @@ def hf_model(cfg):
                   num_key_value_heads=m["num_key_value_heads"], head_dim=m["head_dim"],
                   max_position_embeddings=m["max_position_embeddings"], rms_norm_eps=m["rms_norm_eps"],
                   rope_theta=m["rope_theta"], tie_word_embeddings=m["tie_word_embeddings"],
-                  attn_implementation="eager")
+                  attn_implementation=ATTN)
     if moe:
         c = Qwen3MoeConfig(**common, num_experts=m["num_experts"], num_experts_per_tok=m["num_experts_per_tok"],
                            moe_intermediate_size=m["moe_intermediate_size"], norm_topk_prob=m["norm_topk_prob"],
@@ -53,12 +68,18 @@ def hf_model(cfg):
     return Qwen3ForCausalLM(Qwen3Config(**common))
 
 
-def torch_train(cfg, steps, warmup):
+def torch_train(cfg, steps, warmup, lora=False):
     torch.manual_seed(0)
     model = hf_model(cfg)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        lc = cfg["lora"]
+        model = get_peft_model(model, LoraConfig(r=lc["rank"], lora_alpha=lc["alpha"], lora_dropout=0.0,
+                                                 target_modules=lc["targets"]))
     model.train()
     o = cfg["optimizer"]
-    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
                             weight_decay=o["weight_decay"])
     t = cfg["training"]
     b, s, v = t["batch_size"], t["seq_len"], cfg["model"]["vocab_size"]
@@ -68,49 +89,55 @@ def torch_train(cfg, steps, warmup):
         start = time.perf_counter()
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+        torch.nn.utils.clip_grad_norm_(params, o["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     med = statistics.median(times)
-    return {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3}
+    return {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3, "peak_rss_mb": rss_mb()}
 
 
-def ours_train(path, steps, warmup, replicas=1, batch_size=None):
+def ours_train(path, steps, warmup, replicas=1, batch_size=None, sets=()):
     """`qwen-burn bench train`; with replicas > 1 the same step (same tokens) is split into
     `replicas` micro-batches on data-parallel replicas of the CPU device (`--device flex,flex`)."""
     extra = []
     if replicas > 1:
         extra = ["--device", ",".join(["flex"] * replicas), "--set", f"training.batch_size={batch_size // replicas}",
                  "--set", f"training.grad_accum={replicas}"]
+    for kv in sets:
+        extra += ["--set", kv]
     out = subprocess.run([BIN, "bench", "train", "--config", path, "--steps", str(steps), "--warmup", str(warmup), "--json"]
                          + extra, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def torch_generate(cfg, prompt_len, new_tokens):
+def torch_generate(cfg, prompt_len, new_tokens, repeats=3):
     torch.manual_seed(0)
     model = hf_model(cfg).eval()
     ids = torch.randint(0, cfg["model"]["vocab_size"], (1, prompt_len))
-    rates = []
+    rates, prefills = [], []
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(repeats):
             start = time.perf_counter()
             model(ids)
             prefill = time.perf_counter() - start
+            prefills.append(prompt_len / prefill)
             start = time.perf_counter()
             out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                  pad_token_id=0, eos_token_id=None)
             total = time.perf_counter() - start
             # generate() includes one prefill; the rest are decode steps.
             rates.append((out.shape[1] - prompt_len - 1) / max(total - prefill, 1e-9))
-    return {"decode_tokens_per_sec": statistics.median(rates[1:])}
+    return {"decode_tokens_per_sec": statistics.median(rates[1:]),
+            "prompt_tokens_per_sec": statistics.median(prefills[1:]), "peak_rss_mb": rss_mb()}
 
 
-def ours_generate(path, prompt_len, new_tokens):
+def ours_generate(path, prompt_len, new_tokens, repeats=3):
+    extra = []
     out = subprocess.run([BIN, "bench", "generate", "--config", path, "--prompt-len", str(prompt_len),
-                          "--new-tokens", str(new_tokens), "--json"], check=True, capture_output=True, text=True, cwd=ROOT)
+                          "--new-tokens", str(new_tokens), "--repeats", str(repeats), "--json"] + extra,
+                         check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -119,7 +146,7 @@ def torch_job(kind, path, args):
     for a while after each parallel region) are gone before qwen-burn is timed."""
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-job", kind, "--configs", path,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
-           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--suite", args.suite]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -133,17 +160,23 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--torch-job", choices=["train", "generate"], help=argparse.SUPPRESS)
+    ap.add_argument("--suite", choices=["small", "real"], default="small")
+    ap.add_argument("--torch-job", choices=["train", "lora", "generate"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.torch_job:
         with open(os.path.join(ROOT, args.configs[0]), "rb") as f:
             cfg = tomllib.load(f)
-        if args.torch_job == "train":
-            print(json.dumps(torch_train(cfg, args.steps, args.warmup)))
+        if args.torch_job in ("train", "lora"):
+            if args.torch_job == "train" and args.suite == "real":
+                cfg["training"].update(batch_size=1, seq_len=256)
+            print(json.dumps(torch_train(cfg, args.steps, args.warmup, lora=args.torch_job == "lora")))
         else:
-            print(json.dumps(torch_generate(cfg, args.prompt_len, args.new_tokens)))
+            repeats = 2 if args.suite == "real" else 3
+            print(json.dumps(torch_generate(cfg, args.prompt_len, args.new_tokens, repeats)))
         return
+    if args.suite == "real":
+        return real_suite(args)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; qwen-burn binary {BIN}")
     summary = []
     for path in args.configs:
@@ -179,6 +212,51 @@ def main():
     print("\nsummary (tokens/s; ratio = qwen-burn / PyTorch)")
     for name, o, t, ratio in summary:
         print(f"  {name:48s} qwen-burn {o:8.0f}  pytorch {t:8.0f}  ratio {ratio:.2f}")
+    print(f"load average now {os.getloadavg()}")
+
+
+def real_suite(args):
+    """Issue 13: LoRA, full fine-tuning, prefill and decode on the Qwen3-0.6B shape."""
+    lora_cfg, full_cfg = "configs/bench-lora-0.6b.toml", "configs/qwen3-0.6b.toml"
+    full_sets = ["training.batch_size=1", "training.seq_len=256", "training.grad_accum=1"]
+    steps, warmup = args.steps, args.warmup
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, attention {ATTN}; qwen-burn binary {BIN}; "
+          f"{steps} timed steps after {warmup}", flush=True)
+    rows = {k: ([], []) for k in ["lora", "full", "prefill", "decode"]}
+    rss = {k: ([], []) for k in ["lora", "full", "decode"]}
+    for r in range(args.rounds):
+        l0 = load()
+        o = ours_train(lora_cfg, steps, warmup)
+        l1 = load()
+        t = torch_job("lora", lora_cfg, args)
+        print(f"round {r} lora: qwen-burn {o['tokens_per_sec']:.1f} tok/s rss {o['peak_rss_mb']:.0f} MB (load {l0:.2f}) | "
+              f"peft {t['tokens_per_sec']:.1f} tok/s rss {t['peak_rss_mb']:.0f} MB (load {l1:.2f})", flush=True)
+        rows["lora"][0].append(o["tokens_per_sec"]); rows["lora"][1].append(t["tokens_per_sec"])
+        rss["lora"][0].append(o["peak_rss_mb"]); rss["lora"][1].append(t["peak_rss_mb"])
+        l0 = load()
+        o = ours_train(full_cfg, steps, warmup, sets=full_sets)
+        l1 = load()
+        t = torch_job("train", full_cfg, args)
+        print(f"round {r} full: qwen-burn {o['tokens_per_sec']:.1f} tok/s rss {o['peak_rss_mb']:.0f} MB (load {l0:.2f}) | "
+              f"pytorch {t['tokens_per_sec']:.1f} tok/s rss {t['peak_rss_mb']:.0f} MB (load {l1:.2f})", flush=True)
+        rows["full"][0].append(o["tokens_per_sec"]); rows["full"][1].append(t["tokens_per_sec"])
+        rss["full"][0].append(o["peak_rss_mb"]); rss["full"][1].append(t["peak_rss_mb"])
+        l0 = load()
+        o = ours_generate(full_cfg, args.prompt_len, args.new_tokens, repeats=1)
+        l1 = load()
+        t = torch_job("generate", full_cfg, args)
+        print(f"round {r} generate: qwen-burn prefill {o['prompt_tokens_per_sec']:.1f} decode {o['decode_tokens_per_sec']:.2f} "
+              f"tok/s rss {o['peak_rss_mb']:.0f} MB (load {l0:.2f}) | HF prefill {t['prompt_tokens_per_sec']:.1f} decode {t['decode_tokens_per_sec']:.2f} tok/s "
+              f"rss {t['peak_rss_mb']:.0f} MB (load {l1:.2f})", flush=True)
+        rows["prefill"][0].append(o["prompt_tokens_per_sec"]); rows["prefill"][1].append(t["prompt_tokens_per_sec"])
+        rows["decode"][0].append(o["decode_tokens_per_sec"]); rows["decode"][1].append(t["decode_tokens_per_sec"])
+        rss["decode"][0].append(o["peak_rss_mb"]); rss["decode"][1].append(t["peak_rss_mb"])
+    print("\nsummary (medians; tokens/s; ratio = qwen-burn / PyTorch)")
+    for k, (o, t) in rows.items():
+        line = f"  {k:12s} qwen-burn {statistics.median(o):8.2f}  pytorch {statistics.median(t):8.2f}  ratio {statistics.median(o) / statistics.median(t):.2f}"
+        if k in rss:
+            line += f"  peak RSS MB qwen-burn {max(rss[k][0]):.0f} pytorch {max(rss[k][1]):.0f}"
+        print(line)
     print(f"load average now {os.getloadavg()}")
 
 

@@ -9,6 +9,7 @@ use burn::tensor::{Bool, Device, Tensor};
 use crate::config::Qwen3Config;
 use crate::kv_cache::LayerCache;
 use crate::mlp::linear;
+use crate::projection::project;
 use crate::rms_norm::RmsNorm;
 use crate::rope::RopeTables;
 
@@ -71,11 +72,9 @@ impl Attention {
         let (hq, hkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
 
         // 1. Project and split heads: [b, t, heads * hd] -> [b, heads, t, hd].
-        let q = self.q_proj.forward(x.clone()).reshape([b, t, hq, hd]);
-        let k = self.k_proj.forward(x.clone()).reshape([b, t, hkv, hd]);
-        let v = self
-            .v_proj
-            .forward(x)
+        let q = project(&self.q_proj, x.clone()).reshape([b, t, hq, hd]);
+        let k = project(&self.k_proj, x.clone()).reshape([b, t, hkv, hd]);
+        let v = project(&self.v_proj, x)
             .reshape([b, t, hkv, hd])
             .swap_dims(1, 2);
 
@@ -105,8 +104,7 @@ impl Attention {
         let out = attention(q, k, v, mask, None, options); // [b, hq, t, hd]
 
         // 6. Merge heads and project back: [b, t, hq * hd] -> [b, t, hidden].
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([b, t, hq * hd]))
+        project(&self.o_proj, out.swap_dims(1, 2).reshape([b, t, hq * hd]))
     }
 }
 

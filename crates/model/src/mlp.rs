@@ -5,6 +5,8 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Tensor};
 
+use crate::projection::project;
+
 /// `down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases (`Qwen3MLP`).
 #[derive(Module, Debug)]
 pub struct Mlp {
@@ -29,8 +31,8 @@ impl Mlp {
     /// # Shapes
     /// - `x`: `[..., hidden]` -> `[..., hidden]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = silu(project(&self.gate_proj, x.clone()));
+        project(&self.down_proj, gate * project(&self.up_proj, x))
     }
 }
 

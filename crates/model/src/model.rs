@@ -6,9 +6,11 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::block::DecoderLayer;
 use crate::config::Qwen3Config;
+use crate::kernels::row_matmul;
 use crate::kv_cache::KvCache;
 use crate::mlp::linear;
 use crate::moe::RouterOutput;
+use crate::projection::project;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{RopeTables, rope_frequencies};
 
@@ -151,7 +153,7 @@ impl Qwen3ForCausalLM {
     /// - `hidden`: `[b, t, hidden]` -> `[b, t, vocab]`
     pub fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
+            Some(head) => project(head, hidden),
             None => {
                 let w = self.model.embed_tokens.weight.val(); // [vocab, hidden]
                 let [b, t, h] = hidden.dims();
@@ -159,10 +161,15 @@ impl Qwen3ForCausalLM {
                 // One 2-D `[b*t, h] @ [h, vocab]`: flex runs a 3-D batched matmul against the
                 // transposed (strided) table 8x slower when decoding one token, 11% slower at
                 // training shapes (benches/README.md).
-                hidden
-                    .reshape([b * t, h])
-                    .matmul(w.transpose())
-                    .reshape([b, t, v])
+                // Decoding one token: the multithreaded matrix-vector kernel reads the table's
+                // rows directly.
+                let rows = hidden.reshape([b * t, h]);
+                let logits = if b * t == 1 {
+                    row_matmul(rows, w.transpose())
+                } else {
+                    rows.matmul(w.transpose())
+                };
+                logits.reshape([b, t, v])
             }
         }
     }

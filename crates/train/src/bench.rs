@@ -11,11 +11,15 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 
-use crate::config::RunConfig;
+use crate::config::{PeakTflops, RunConfig};
 use crate::error::Result;
-use crate::metrics::{peak_flops, train_flops_per_token};
-use crate::optim::{apply_update, build_optimizer, clip_global_norm};
+use crate::metrics::{lora_flops_per_token, train_flops_per_token};
+use crate::optim::{apply_update, build_optimizer, clip_global_norm, trainable_params};
 use crate::parallel::Replicas;
+use crate::peak::{
+    PeakRecord, PeakSource, cache_path, machine_id, measure_peak, run_peak, store_peak,
+};
+use crate::resume::{build_model, model_config_of};
 use crate::schedule::learning_rate;
 
 /// Peak resident set size of this process in MB (Linux `VmHWM`; 0 elsewhere).
@@ -61,17 +65,24 @@ fn median(xs: &mut [f64]) -> f64 {
 /// Time `steps` full training steps (forward, backward, clipping, AdamW) after `warmup` ones.
 /// `devices` may list several (`flex,flex`, `cuda:0,cuda:1`): the step's `grad_accum`
 /// micro-batches are then split over data-parallel replicas, as in training.
+///
+/// The model is built as `train` builds it: `[model]` inline (random init) or `from` a
+/// checkpoint, with the `[lora]` adapters attached when configured.
 pub fn bench_train(
     config: &RunConfig,
-    model_config: &Qwen3Config,
     devices: &DeviceSet,
     steps: usize,
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
+    let model_config = &model_config_of(config)?;
     let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
     let device = replicas.main().clone();
-    let mut model = init_weights(Qwen3ForCausalLM::new(model_config, &device), t.seed);
+    let mut model = build_model(config, &device)?;
+    let adapter_params = match &config.lora {
+        Some(_) => trainable_params(&model),
+        None => 0,
+    };
     let mut optimizer = build_optimizer(&model, &config.optimizer);
     let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
     let mut times = Vec::with_capacity(steps);
@@ -95,8 +106,11 @@ pub fn bench_train(
     let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;
     let step_median = median(&mut times.clone());
     let tps = tokens / step_median;
-    let peak = peak_flops(devices, config.logging.peak_tflops);
-    let flops = train_flops_per_token(model_config, t.seq_len);
+    let (peak, peak_source) = bench_peak(devices, &config.logging.peak_tflops)?;
+    let flops = match &config.lora {
+        Some(_) => lora_flops_per_token(model_config, t.seq_len, adapter_params),
+        None => train_flops_per_token(model_config, t.seq_len),
+    };
     Ok(json!({
         "bench": "train",
         "device": devices.name(),
@@ -104,6 +118,7 @@ pub fn bench_train(
         "model_type": model_config.model_type.as_str(),
         "params": model_config.num_params(),
         "active_params_per_token": model_config.active_params_per_token(),
+        "lora_adapter_params": adapter_params,
         "tokens_per_step": tokens,
         "steps": steps,
         "warmup": warmup,
@@ -114,10 +129,48 @@ pub fn bench_train(
         "train_flops_per_token": flops,
         "achieved_tflops": tps * flops / 1e12,
         "peak_tflops": peak / 1e12,
+        "peak_source": peak_source,
         "mfu": tps * flops / peak,
         "peak_rss_mb": peak_rss_mb(),
         "final_loss": losses.last().copied().unwrap_or(f64::NAN),
     }))
+}
+
+/// The peak of a benchmark's devices: configured, cached, or measured now (and cached) when
+/// there is neither.
+fn bench_peak(devices: &DeviceSet, configured: &PeakTflops) -> Result<(f64, PeakSource)> {
+    let cache = cache_path();
+    let (peak, source) = run_peak(devices, configured, cache.as_deref());
+    if source != PeakSource::Assumed {
+        return Ok((peak, source));
+    }
+    bench_peak_measure(devices, 2048, 5)?;
+    Ok(run_peak(devices, configured, cache.as_deref()))
+}
+
+/// `bench peak`: time a large f32 matmul on the first device of `devices` and cache it.
+pub fn bench_peak_measure(devices: &DeviceSet, n: usize, repeats: usize) -> Result<Value> {
+    let flops = measure_peak(devices.main(), n, repeats);
+    let record = PeakRecord {
+        flops,
+        n,
+        machine: machine_id(),
+    };
+    let path = store_peak(cache_path().as_deref(), devices.kinds()[0], &record)?;
+    Ok(json!({
+        "bench": "peak",
+        "device": devices.name(),
+        "n": n,
+        "repeats": repeats,
+        "peak_tflops": flops / 1e12,
+        "threads": rayon_threads(),
+        "machine": record.machine,
+        "cache": path,
+    }))
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Prompt processing and decoding speed, with the KV cache and (optionally) without it.

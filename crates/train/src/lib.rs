@@ -17,6 +17,7 @@ pub mod lock;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;
+pub mod peak;
 pub mod plot;
 pub mod records;
 pub mod resume;

@@ -24,6 +24,22 @@ impl ModuleVisitor for RankIds {
     }
 }
 
+/// Elements of the parameters that train (`require_grad`): all of them in full fine-tuning, the
+/// adapters (and whatever else the run unfreezes) under LoRA.
+pub fn trainable_params<M: Module>(model: &M) -> usize {
+    struct Count(usize);
+    impl ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if param.is_require_grad() {
+                self.0 += param.lazy_shape().num_elements();
+            }
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    count.0
+}
+
 /// Build AdamW: decoupled weight decay on matrices (linear and embedding weights), none on
 /// vectors (RMSNorm gains, biases, routing biases). Burn's defaults (eps 1e-5, weight decay
 /// 1e-4) are never used: every value comes from the config. Clipping is done separately

@@ -163,7 +163,7 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
 pub const GIT_REVISION: &str = env!("QWEN_BURN_GIT_REVISION");
 
 /// Build (or restore) the model for a run.
-fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> {
+pub(crate) fn build_model(config: &RunConfig, device: &Device) -> Result<Qwen3ForCausalLM> {
     let model = match &config.model {
         ModelSource::Scratch(model_config) => init_weights(
             Qwen3ForCausalLM::new(model_config, device),

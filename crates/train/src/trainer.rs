@@ -22,9 +22,11 @@ use crate::eval::{evaluate, sample_text};
 use crate::guard::{check_step, unfit_for_checkpoint};
 use crate::hooks;
 use crate::lock::RunLock;
-use crate::metrics::{MetricsLog, Progress, peak_flops, train_flops_per_token};
+use crate::metrics::{MetricsLog, Progress, lora_flops_per_token, train_flops_per_token};
+use crate::optim::trainable_params;
 use crate::optim::{apply_update, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
+use crate::peak::{PeakSource, cache_path, run_peak};
 use crate::records::{MetricsRecord, SampleRecord, TrainRecord, ValRecord};
 use crate::resume::{copy_generation_config, model_config_of, start_run};
 use crate::schedule::learning_rate;
@@ -151,9 +153,27 @@ impl Loop<'_> {
         let t = &cfg.training;
         let max_steps = t.max_steps;
         let model_config = model.config.clone();
-        let flops_per_token = train_flops_per_token(&model_config, t.seq_len);
-        let peak = peak_flops(&self.devices, cfg.logging.peak_tflops);
+        let flops_per_token = match &cfg.lora {
+            Some(_) => lora_flops_per_token(&model_config, t.seq_len, trainable_params(&model)),
+            None => train_flops_per_token(&model_config, t.seq_len),
+        };
+        let (peak, peak_source) = run_peak(
+            &self.devices,
+            &cfg.logging.peak_tflops,
+            cache_path().as_deref(),
+        );
+        let peak_note = (peak_source == PeakSource::Assumed).then(|| {
+            format!(
+                "MFU is against an assumed peak of {:.3} TFLOP/s; `qwen-burn bench peak --device {}` \
+                 measures this machine's",
+                peak / 1e12,
+                self.devices.name()
+            )
+        });
         let progress = Progress::new(max_steps, state.step);
+        if let Some(note) = peak_note {
+            progress.line(&note);
+        }
         progress.line(&format!(
             "training {} ({:.2}M params, {:.2}M active/token) on {} for {} steps, batch {}x{}x{} tokens, run dir {}",
             model_config.model_type.as_str(),

@@ -1,4 +1,4 @@
-//! `qwen-burn bench train|moe|generate`: figures as one JSON object (or a readable line).
+//! `qwen-burn bench train|moe|generate|peak`: figures as one JSON object (or a readable line).
 
 use std::path::PathBuf;
 
@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 use qwen_burn_train::RunConfig;
-use qwen_burn_train::bench::{bench_generate, bench_moe_layer, bench_train};
+use qwen_burn_train::bench::{bench_generate, bench_moe_layer, bench_peak_measure, bench_train};
 use qwen_burn_train::config::ModelSource;
 
 #[derive(clap::Subcommand, Debug)]
@@ -45,6 +45,18 @@ pub enum Cmd {
         #[arg(long, default_value_t = 2048)]
         tokens: usize,
         #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure the device's peak f32 FLOP/s (a timed `[n, n] @ [n, n]` matmul, best of
+    /// `--repeats`) and cache it for this machine: MFU is then reported against it.
+    Peak {
+        #[arg(long, default_value = "flex")]
+        device: DeviceSet,
+        #[arg(long, default_value_t = 2048)]
+        n: usize,
+        #[arg(long, default_value_t = 10)]
         repeats: usize,
         #[arg(long)]
         json: bool,
@@ -96,12 +108,15 @@ pub fn run(cmd: Cmd) -> Result<()> {
         } => {
             let run = RunConfig::load(&config, &overrides)
                 .with_context(|| format!("loading {}", config.display()))?;
-            let ModelSource::Scratch(model_config) = &run.model else {
-                bail!("bench train needs an inline [model] architecture, not `from`");
-            };
-            let result = bench_train(&run, model_config, &device, steps, warmup)?;
+            let result = bench_train(&run, &device, steps, warmup)?;
             print(&result, json);
         }
+        Cmd::Peak {
+            device,
+            n,
+            repeats,
+            json,
+        } => print(&bench_peak_measure(&device, n, repeats)?, json),
         Cmd::Moe {
             config,
             device,

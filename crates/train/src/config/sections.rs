@@ -242,16 +242,45 @@ impl Default for CheckpointConfig {
 pub struct LoggingConfig {
     /// Log training metrics every N steps.
     pub interval: usize,
-    /// Peak FLOP/s of one device in TFLOP/s, for MFU (default: the backend's assumed figure,
-    /// `BackendKind::assumed_peak_flops`).
-    pub peak_tflops: Option<f64>,
+    /// Peak TFLOP/s of one device of the named kind, for MFU, e.g. `{ cuda = 67.0 }`. It applies
+    /// to that device kind only; other kinds use the peak measured by `qwen-burn bench peak`
+    /// (cached per machine), else the backend's assumed figure.
+    pub peak_tflops: PeakTflops,
+}
+
+/// `logging.peak_tflops`: a peak per device kind (TFLOP/s of one device).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PeakTflops {
+    /// The Flex CPU backend.
+    pub flex: Option<f64>,
+    /// The NdArray CPU backend.
+    pub ndarray: Option<f64>,
+    /// One wgpu adapter.
+    pub wgpu: Option<f64>,
+    /// One CUDA GPU.
+    pub cuda: Option<f64>,
+}
+
+impl PeakTflops {
+    /// The configured peak of `kind` in FLOP/s, if any.
+    pub fn for_kind(&self, kind: qwen_burn_model::BackendKind) -> Option<f64> {
+        use qwen_burn_model::BackendKind;
+        let tflops = match kind {
+            BackendKind::Flex => self.flex,
+            BackendKind::Ndarray => self.ndarray,
+            BackendKind::Wgpu => self.wgpu,
+            BackendKind::Cuda(_) => self.cuda,
+        };
+        tflops.map(|t| t * 1e12)
+    }
 }
 
 impl Default for LoggingConfig {
     fn default() -> Self {
         Self {
             interval: 10,
-            peak_tflops: None,
+            peak_tflops: PeakTflops::default(),
         }
     }
 }

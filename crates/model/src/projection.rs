@@ -1,0 +1,47 @@
+//! Linear projections, with LoRA adapters in factored form.
+//!
+//! Burn's `Param::val` on a LoRA-adapted weight materialises `W + s * (A @ B)`: every forward
+//! then builds a `[d_in, d_out]` copy of the weight, and the backward computes the full weight
+//! gradient of that copy before projecting it onto `A` and `B`, which costs as much as full
+//! fine-tuning. [`project`] computes `x @ W + s * ((x @ A) @ B)` instead, like PEFT: the frozen
+//! `W` gets no gradient (only `x`'s), and the adapters see only rank-`r` intermediates.
+//! Merging (`Module::materialize`) stays for export and inference.
+
+use burn::nn::Linear;
+use burn::tensor::Tensor;
+use burn::tensor::module::linear;
+
+use crate::kernels::row_matmul;
+
+/// `x @ W + b` of a Burn `Linear` (weight `[d_in, d_out]`), with an attached LoRA adapter
+/// applied in factored form.
+///
+/// # Shapes
+/// - `x`: `[..., d_in]` -> `[..., d_out]`
+///
+/// A single row (decoding one token) goes to [`row_matmul`], the multithreaded matrix-vector
+/// kernel.
+pub fn project<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
+    let bias = layer.bias.as_ref().map(|b| b.val());
+    let dims = x.dims();
+    let rows: usize = dims[..D - 1].iter().product();
+    match layer.weight.adapter() {
+        None if rows == 1 => {
+            let k = dims[D - 1];
+            let y = row_matmul(x.reshape([1, k]), layer.weight.val());
+            let y = match bias {
+                Some(b) => y + b.unsqueeze::<2>(),
+                None => y,
+            };
+            let mut out = dims;
+            out[D - 1] = y.dims()[1];
+            y.reshape(out)
+        }
+        None => linear(x, layer.weight.val(), bias),
+        Some(adapter) => {
+            // The scale goes on the rank-r intermediate, the smallest tensor of the three.
+            let low = linear(x.clone(), adapter.a.val(), None).mul_scalar(adapter.scale);
+            linear(x, layer.weight.base(), bias) + linear(low, adapter.b.val(), None)
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The peak FLOP/s that MFU is measured against: measured on this machine, not assumed.
+//!
+//! `qwen-burn bench peak` times a large f32 matmul on a device (the best of several runs) and
+//! caches the figure per machine and device kind in `peak.json` of the cache directory
+//! (`$QWEN_BURN_CACHE_DIR`, else `$XDG_CACHE_HOME/qwen-burn`, else `~/.cache/qwen-burn`). A
+//! run's peak is, in order: `logging.peak_tflops.<kind>` (an explicit figure for that device kind
+//! only), the cached measurement, the backend's assumed figure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::{Device, Distribution, Tensor};
+use qwen_burn_model::{BackendKind, DeviceSet};
+use serde::{Deserialize, Serialize};
+
+use crate::config::PeakTflops;
+use crate::error::{Result, TrainError};
+
+/// One cached measurement.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PeakRecord {
+    /// FLOP/s of one device of the kind.
+    pub flops: f64,
+    /// Matmul size `n` (`[n, n] @ [n, n]`).
+    pub n: usize,
+    /// What was measured, for the reader.
+    pub machine: String,
+}
+
+/// Where a peak figure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeakSource {
+    /// `logging.peak_tflops.<kind>`.
+    Configured,
+    /// `qwen-burn bench peak`, cached for this machine.
+    Measured,
+    /// The backend's assumed figure (`BackendKind::assumed_peak_flops`).
+    Assumed,
+}
+
+/// The cache file.
+pub fn cache_path() -> Option<PathBuf> {
+    let dir = std::env::var_os("QWEN_BURN_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qwen-burn")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/qwen-burn")))?;
+    Some(dir.join("peak.json"))
+}
+
+/// This machine, as the cache key sees it: the CPU model and the number of logical cores.
+pub fn machine_id() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{model} x{cores}")
+}
+
+fn kind_key(kind: BackendKind) -> String {
+    let name = match kind {
+        BackendKind::Flex => "flex".to_string(),
+        BackendKind::Ndarray => "ndarray".to_string(),
+        BackendKind::Wgpu => "wgpu".to_string(),
+        BackendKind::Cuda(i) => format!("cuda:{i}"),
+    };
+    format!("{name} on {}", machine_id())
+}
+
+fn read_cache(path: Option<&Path>) -> BTreeMap<String, PeakRecord> {
+    path.and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The measurement of `kind` on this machine cached in `cache` (see [`cache_path`]), if any.
+pub fn cached_peak(cache: Option<&Path>, kind: BackendKind) -> Option<PeakRecord> {
+    read_cache(cache).remove(&kind_key(kind))
+}
+
+/// Store a measurement in `cache` (atomically: written beside, then renamed).
+pub fn store_peak(cache: Option<&Path>, kind: BackendKind, record: &PeakRecord) -> Result<PathBuf> {
+    let path = cache.map(Path::to_path_buf).ok_or_else(|| {
+        TrainError::config(
+            "bench peak",
+            "no cache directory: set QWEN_BURN_CACHE_DIR or HOME",
+        )
+    })?;
+    let mut all = read_cache(Some(&path));
+    all.insert(kind_key(kind), record.clone());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create", dir, e))?;
+    }
+    let tmp = path.with_extension(format!("json.{}", std::process::id()));
+    let text = serde_json::to_string_pretty(&all).expect("records serialise");
+    std::fs::write(&tmp, text).map_err(|e| TrainError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
+    Ok(path)
+}
+
+/// Time `[n, n] @ [n, n]` in f32 on `device`: one untimed run, then the best of `repeats`.
+pub fn measure_peak(device: &Device, n: usize, repeats: usize) -> f64 {
+    let a = Tensor::<2>::random([n, n], Distribution::Normal(0.0, 1.0), device);
+    let b = Tensor::<2>::random([n, n], Distribution::Normal(0.0, 1.0), device);
+    let _ = a.clone().matmul(b.clone()).sum().into_scalar::<f32>();
+    let mut best = f64::MAX;
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        let c = a.clone().matmul(b.clone());
+        device.sync().ok();
+        let secs = start.elapsed().as_secs_f64();
+        drop(c);
+        best = best.min(secs);
+    }
+    2.0 * (n as f64).powi(3) / best
+}
+
+/// The peak FLOP/s of a run's devices for MFU and where it came from: the configured figure of
+/// the devices' kind, else the cached measurement, else the assumed figure; shared by replicas
+/// on one CPU, summed over distinct accelerators ([`DeviceSet::peak_flops`]).
+pub fn run_peak(
+    devices: &DeviceSet,
+    configured: &PeakTflops,
+    cache: Option<&Path>,
+) -> (f64, PeakSource) {
+    let kind = devices.kinds()[0];
+    let (one, source) = match configured.for_kind(kind) {
+        Some(flops) => (Some(flops), PeakSource::Configured),
+        None => match cached_peak(cache, kind) {
+            Some(record) => (Some(record.flops), PeakSource::Measured),
+            None => (None, PeakSource::Assumed),
+        },
+    };
+    (devices.peak_flops(one), source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configured_peak_applies_to_its_device_kind_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("peak.json");
+        let cache = Some(cache.as_path());
+        let flex = DeviceSet::parse("flex").unwrap();
+        let cuda_only = PeakTflops {
+            cuda: Some(67.0),
+            ..PeakTflops::default()
+        };
+        // A CUDA figure does not apply to a CPU run: with no cache, the assumed CPU figure.
+        let (peak, source) = run_peak(&flex, &cuda_only, cache);
+        assert_eq!(source, PeakSource::Assumed);
+        assert_eq!(peak, BackendKind::Flex.assumed_peak_flops());
+        // A measured figure is cached and then used.
+        let record = PeakRecord {
+            flops: 2.5e11,
+            n: 2048,
+            machine: machine_id(),
+        };
+        store_peak(cache, BackendKind::Flex, &record).unwrap();
+        assert_eq!(
+            run_peak(&flex, &cuda_only, cache),
+            (2.5e11, PeakSource::Measured)
+        );
+        // ...unless the config names a figure for this kind.
+        let flex_too = PeakTflops {
+            flex: Some(0.3),
+            ..cuda_only
+        };
+        assert_eq!(
+            run_peak(&flex, &flex_too, cache),
+            (0.3e12, PeakSource::Configured)
+        );
+        // Other kinds have their own entries.
+        assert!(cached_peak(cache, BackendKind::Ndarray).is_none());
+        // A real measurement is positive and finite.
+        let measured = measure_peak(&Device::flex(), 128, 2);
+        assert!(measured.is_finite() && measured > 0.0);
+    }
+}

@@ -1,0 +1,178 @@
+//! LoRA trains in factored form: a step computes gradients for the adapters only (the frozen
+//! weights get none, so they hold no gradient buffers and no optimizer state), and the factored
+//! forward equals the merged weights' forward.
+
+mod common;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Device, Tensor};
+use common::{lcg_batch, tiny_config};
+use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_model::init::init_weights;
+use qwen_burn_train::checkpoint::apply_lora;
+use qwen_burn_train::config::{LoraConfig, LoraTarget};
+use qwen_burn_train::optim::{build_optimizer, trainable_params};
+use qwen_burn_train::step::{batch_tensors, forward_backward};
+
+fn all_targets() -> LoraConfig {
+    LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: vec![
+            LoraTarget::QProj,
+            LoraTarget::KProj,
+            LoraTarget::VProj,
+            LoraTarget::OProj,
+            LoraTarget::GateProj,
+            LoraTarget::UpProj,
+            LoraTarget::DownProj,
+        ],
+    }
+}
+
+/// A float parameter: its id and rank.
+type ParamRef = (ParamId, usize);
+
+/// Ids of the trainable and of the frozen float parameters.
+fn split_ids(model: &Qwen3ForCausalLM) -> (Vec<ParamRef>, Vec<ParamRef>) {
+    #[derive(Default)]
+    struct Split(Vec<ParamRef>, Vec<ParamRef>);
+    impl ModuleVisitor for Split {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let entry = (param.id, D);
+            if param.is_require_grad() {
+                self.0.push(entry);
+            } else {
+                self.1.push(entry);
+            }
+        }
+    }
+    let mut split = Split::default();
+    model.visit(&mut split);
+    (split.0, split.1)
+}
+
+fn has_grad(grads: &burn::optim::GradientsParams, (id, rank): ParamRef) -> bool {
+    match rank {
+        1 => grads.get::<1>(id).is_some(),
+        2 => grads.get::<2>(id).is_some(),
+        3 => grads.get::<3>(id).is_some(),
+        r => panic!("unexpected parameter rank {r}"),
+    }
+}
+
+fn lora_model(moe: bool, device: &Device) -> Qwen3ForCausalLM {
+    let base = init_weights(
+        Qwen3ForCausalLM::new(&tiny_config(moe, None, 0.0), device),
+        3,
+    );
+    apply_lora(base, &all_targets())
+}
+
+#[test]
+fn a_lora_step_has_gradients_for_the_adapters_only() {
+    for moe in [false, true] {
+        let device = Device::flex().autodiff();
+        let model = lora_model(moe, &device);
+        let (trainable, frozen) = split_ids(&model);
+        // 2 layers x 7 projections x (A, B); MoE: the 4 experts' gate/up/down instead of one MLP.
+        let adapted = if moe { 2 * (4 + 3 * 4) } else { 2 * 7 };
+        assert_eq!(trainable.len(), 2 * adapted, "moe={moe}: adapters A and B");
+        assert!(!frozen.is_empty());
+        // Adapter elements: rank 4 x (d_in + d_out) each.
+        assert_eq!(
+            trainable_params(&model),
+            count_adapter_elements(&model, moe)
+        );
+
+        let (grads, _) = forward_backward(&model, &[lcg_batch(2, 8, 1)], &device).unwrap();
+        assert_eq!(
+            grads.len(),
+            trainable.len(),
+            "moe={moe}: one gradient per adapter"
+        );
+        for &p in &trainable {
+            assert!(
+                has_grad(&grads, p),
+                "moe={moe}: adapter {:?} lacks a gradient",
+                p.0
+            );
+        }
+        for &p in &frozen {
+            assert!(
+                !has_grad(&grads, p),
+                "moe={moe}: frozen {:?} has a gradient",
+                p.0
+            );
+        }
+
+        // After one update the optimizer state holds the adapters' two moments (8 bytes per
+        // element) plus small per-entry metadata; the frozen weights would add 8 bytes each.
+        let mut optimizer = build_optimizer(&model, &Default::default());
+        let _model = optimizer.step(1e-3, model, grads);
+        let state_bytes = optimizer.into_bytes().unwrap().len();
+        let adapters = count_adapter_elements(&_model, moe);
+        let frozen_elements: usize = frozen.len();
+        assert!(
+            state_bytes >= 8 * adapters && state_bytes < 8 * adapters + 32 * 1024,
+            "moe={moe}: optimizer state {state_bytes} bytes for {adapters} adapter elements \
+             ({frozen_elements} frozen tensors must hold none)"
+        );
+    }
+}
+
+/// rank x (d_in + d_out) summed over the adapted projections of the tiny config.
+fn count_adapter_elements(model: &Qwen3ForCausalLM, moe: bool) -> usize {
+    let c = &model.config;
+    let (h, q, kv) = (
+        c.hidden_size,
+        c.num_attention_heads * c.head_dim,
+        c.num_key_value_heads * c.head_dim,
+    );
+    let attention = 4 * ((h + q) + 2 * (h + kv) + (q + h));
+    let mlp = match &c.moe {
+        Some(m) if moe => m.num_experts * 3 * 4 * (h + m.moe_intermediate_size),
+        _ => 3 * 4 * (h + c.intermediate_size),
+    };
+    c.num_hidden_layers * (attention + mlp)
+}
+
+#[test]
+fn the_factored_forward_equals_the_merged_weights() {
+    // Autodiff, so that the adapters are the parameters that require a gradient.
+    let device = Device::flex().autodiff();
+    let untouched = lora_model(false, &device);
+    // B starts at zero; give the adapters values so the low-rank term matters.
+    let model = untouched.clone().map(&mut RandomiseAdapters(0));
+    let merged = model.clone().materialize();
+    let (inputs, _, _) = batch_tensors(&lcg_batch(2, 8, 5), &device);
+    let a = model.forward(inputs.clone(), None, None).logits;
+    let base = untouched.forward(inputs.clone(), None, None).logits;
+    let moved = (a.clone() - base).abs().max().into_scalar::<f32>();
+    assert!(moved > 1e-3, "the adapters change the logits (by {moved})");
+    let b = merged.forward(inputs, None, None).logits;
+    let diff = (a.clone() - b).abs().max().into_scalar::<f32>();
+    let scale = a.abs().max().into_scalar::<f32>();
+    assert!(
+        diff <= 1e-5 * scale.max(1.0),
+        "max abs diff {diff} (logits up to {scale})"
+    );
+}
+
+/// Fill every trainable (adapter) parameter with deterministic values of magnitude ~0.1.
+struct RandomiseAdapters(u64);
+impl burn::module::ModuleMapper for RandomiseAdapters {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !param.is_require_grad() {
+            return param;
+        }
+        param.map(|t| {
+            self.0 += 1;
+            let n = t.shape().num_elements();
+            let values: Vec<f32> = (0..n)
+                .map(|i| (((i as u64 * 2654435761 + self.0 * 97) % 1000) as f32 / 5000.0) - 0.1)
+                .collect();
+            Tensor::<1>::from_floats(values.as_slice(), &t.device()).reshape(t.shape())
+        })
+    }
+}
