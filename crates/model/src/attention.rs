@@ -7,6 +7,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Tensor};
 
 use crate::config::Qwen3Config;
+use crate::kernels::decode_attention;
 use crate::kv_cache::LayerCache;
 use crate::mlp::linear;
 use crate::projection::project;
@@ -82,9 +83,27 @@ impl Attention {
         let q = rope.apply(self.q_norm.forward(q).swap_dims(1, 2));
         let k = rope.apply(self.k_norm.forward(k).swap_dims(1, 2));
 
-        // 3. Append to the cache: keys/values become [b, hkv, past + t, hd].
+        // 3. Append to the cache: keys/values become [b, hkv, past + t, hd]. Decoding one token
+        //    without padding on Flex attends over the cache buffers in place (no repeat_kv).
+        let scale = (hd as f64).powf(-0.5);
         let (k, v) = match cache {
-            Some(cache) => cache.append(k, v),
+            Some(cache) => {
+                cache.append(k, v);
+                if t == 1 && mask.is_none() {
+                    let fused = match (&cache.keys, &cache.values) {
+                        (Some(kb), Some(vb)) => {
+                            decode_attention(&q, kb, vb, cache.len, scale as f32)
+                        }
+                        _ => None,
+                    };
+                    if let Some(out) = fused {
+                        return project(&self.o_proj, out.swap_dims(1, 2).reshape([b, t, hq * hd]));
+                    }
+                }
+                cache
+                    .views()
+                    .expect("the cache holds the keys just appended")
+            }
             None => (k, v),
         };
 
@@ -93,7 +112,7 @@ impl Attention {
 
         // 5. softmax(q k^T / sqrt(hd) + mask) v, causal aligned bottom-right for the cache.
         let options = AttentionModuleOptions {
-            scale: Some((hd as f64).powf(-0.5)),
+            scale: Some(scale),
             softcap: None,
             is_causal: mask.is_none(),
         };

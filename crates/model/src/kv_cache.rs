@@ -7,32 +7,69 @@
 use burn::tensor::Tensor;
 
 /// Cached keys and values of one attention layer.
+///
+/// The keys and values live in buffers with room to grow along the position axis; a step writes
+/// its new positions in place (`slice_assign` on a buffer nobody else holds does not copy) instead
+/// of concatenating onto the whole prefix. The buffers grow by doubling.
 #[derive(Debug, Clone, Default)]
 pub struct LayerCache {
-    /// `[b, kv_heads, past, head_dim]` post-RoPE keys.
+    /// `[b, kv_heads, capacity, head_dim]` post-RoPE keys; positions `len..` are unused.
     pub keys: Option<Tensor<4>>,
-    /// `[b, kv_heads, past, head_dim]` values.
+    /// `[b, kv_heads, capacity, head_dim]` values.
     pub values: Option<Tensor<4>>,
+    /// Positions filled.
+    pub len: usize,
 }
 
+/// Positions a new cache buffer holds at least.
+const MIN_CAPACITY: usize = 256;
+
 impl LayerCache {
-    /// Append this step's keys and values and return the full (past + new) tensors.
+    /// Write this step's keys and values after the cached ones.
     ///
     /// # Shapes
-    /// - `k`, `v`: `[b, kv_heads, t, head_dim]` -> `[b, kv_heads, past + t, head_dim]`
-    pub fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let keys = match self.keys.take() {
-            Some(past) => Tensor::cat(vec![past, k], 2),
-            None => k,
-        };
-        let values = match self.values.take() {
-            Some(past) => Tensor::cat(vec![past, v], 2),
-            None => v,
-        };
-        self.keys = Some(keys.clone());
-        self.values = Some(values.clone());
-        (keys, values)
+    /// - `k`, `v`: `[b, kv_heads, t, head_dim]`
+    pub fn append(&mut self, k: Tensor<4>, v: Tensor<4>) {
+        let [b, h, t, d] = k.dims();
+        let (start, end) = (self.len, self.len + t);
+        self.keys = Some(write_at(self.keys.take(), k, start, [b, h, end, d]));
+        self.values = Some(write_at(self.values.take(), v, start, [b, h, end, d]));
+        self.len = end;
     }
+
+    /// The filled part: keys and values `[b, kv_heads, len, head_dim]` (views of the buffers).
+    pub fn views(&self) -> Option<(Tensor<4>, Tensor<4>)> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        Some((
+            k.clone().narrow(2, 0, self.len),
+            v.clone().narrow(2, 0, self.len),
+        ))
+    }
+}
+
+/// `new` written at positions `start..` of `buffer`, which is first grown (doubling, copying the
+/// `start` filled positions once) if it cannot hold `needed[2]` positions.
+fn write_at(
+    buffer: Option<Tensor<4>>,
+    new: Tensor<4>,
+    start: usize,
+    needed: [usize; 4],
+) -> Tensor<4> {
+    let [b, h, end, d] = needed;
+    let buffer = match buffer {
+        Some(buf) if buf.dims()[2] >= end => buf,
+        old => {
+            let capacity = end.next_power_of_two().max(MIN_CAPACITY);
+            let grown = Tensor::<4>::zeros([b, h, capacity, d], &new.device());
+            match old {
+                Some(old) if start > 0 => {
+                    grown.slice_assign([0..b, 0..h, 0..start, 0..d], old.narrow(2, 0, start))
+                }
+                _ => grown,
+            }
+        }
+    };
+    buffer.slice_assign([0..b, 0..h, start..end, 0..d], new)
 }
 
 /// Cache of every layer plus the position bookkeeping of the sequence.

@@ -6,6 +6,7 @@ use std::time::Instant;
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
+use qwen_burn_model::kernels::in_pool;
 use qwen_burn_model::{DeviceSet, Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -92,15 +93,20 @@ pub fn bench_train(
             .map(|_| random_batch(&mut rng, t.batch_size, t.seq_len, model_config.vocab_size))
             .collect();
         let start = Instant::now();
-        let (mut grads, stats) = replicas.step(&model, &batches)?;
-        clip_global_norm(&model, &mut grads, config.optimizer.grad_clip)?;
-        let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
-        model = apply_update(model, &mut optimizer, lr, grads, &stats);
-        device.sync().ok();
+        let current = model;
+        let (next, loss) = in_pool(|| -> Result<_> {
+            let (mut grads, stats) = replicas.step(&current, &batches)?;
+            clip_global_norm(&current, &mut grads, config.optimizer.grad_clip)?;
+            let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
+            let model = apply_update(current, &mut optimizer, lr, grads, &stats);
+            device.sync().ok();
+            Ok((model, stats.loss))
+        })?;
+        model = next;
         let secs = start.elapsed().as_secs_f64();
         if i >= warmup {
             times.push(secs);
-            losses.push(stats.loss);
+            losses.push(loss);
         }
     }
     let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;

@@ -19,6 +19,8 @@ use crate::config::{MAX_CONSECUTIVE_SKIPS, OnNonFinite, RunConfig};
 use crate::data::DataPipeline;
 use crate::error::{Result, TrainError};
 use crate::eval::{evaluate, sample_text};
+use qwen_burn_model::kernels::in_pool;
+
 use crate::guard::{check_step, unfit_for_checkpoint};
 use crate::hooks;
 use crate::lock::RunLock;
@@ -61,7 +63,14 @@ pub struct RunSummary {
 }
 
 /// Run (or resume) training as the config says.
+///
+/// The run executes on a thread of rayon's pool, so that the parallel kernels of each step share
+/// their work with it instead of handing it off (`qwen_burn_model::kernels::in_pool`).
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
+    in_pool(|| train_here(config, opts))
+}
+
+fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let devices = match &opts.device {
         Some(d) => d.clone(),
         None => DeviceSet::parse(&config.training.device)

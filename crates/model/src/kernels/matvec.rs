@@ -71,10 +71,25 @@ fn flex_row_matmul(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
     let threads = rayon::current_num_threads().max(1);
     let chunk = n.div_ceil(threads).max(MIN_COLUMNS_PER_TASK).min(n.max(1));
     if strides == [n as isize, 1] {
+        // Split the rows: each thread streams one contiguous block of the weight into its own
+        // partial sums (one sequential stream per thread, which the hardware prefetchers follow
+        // across pages), then the partials are added.
         let w = &data[offset..offset + k * n];
-        out.par_chunks_mut(chunk).enumerate().for_each(|(c, o)| {
-            axpy_rows(xv, w, n, c * chunk, o);
-        });
+        let rows = k.div_ceil(threads).max(1);
+        let partials: Vec<Vec<f32>> = (0..k.div_ceil(rows))
+            .into_par_iter()
+            .map(|c| {
+                let (r0, r1) = (c * rows, ((c + 1) * rows).min(k));
+                let mut part = vec![0.0f32; n];
+                axpy_rows(&xv[r0..r1], &w[r0 * n..r1 * n], n, 0, &mut part);
+                part
+            })
+            .collect();
+        for part in &partials {
+            for (o, p) in out.iter_mut().zip(part) {
+                *o += p;
+            }
+        }
     } else if strides == [1, k as isize] {
         let w = &data[offset..offset + k * n];
         out.par_chunks_mut(chunk).enumerate().for_each(|(c, o)| {
