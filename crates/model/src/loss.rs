@@ -3,6 +3,8 @@
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::kernels::cross_entropy_rows;
+
 /// HF's `ignore_index`: targets equal to it contribute nothing.
 pub const IGNORE_INDEX: i64 = -100;
 
@@ -48,6 +50,26 @@ fn value_and_coefficient(
 ) -> (Tensor<1>, Option<Tensor<2>>) {
     let [n, v] = z.dims();
     let device = z.device();
+    // Flex: one fused pass per row (crate::kernels::cross_entropy_rows); it treats its inputs
+    // as constants, like the detached logits here.
+    if let Some((nll, coefficient)) = cross_entropy_rows(&z, &y, want_coefficient) {
+        let value = nll.sum();
+        let autodiff = |t: Tensor<2>| {
+            if device.is_autodiff() {
+                t.autodiff()
+            } else {
+                t
+            }
+        };
+        return (
+            if device.is_autodiff() {
+                value.autodiff()
+            } else {
+                value
+            },
+            coefficient.map(autodiff),
+        );
+    }
     let valid = y.clone().greater_equal_elem(0).float(); // [n]
     let safe = y.clamp_min(0).reshape([n, 1]);
     let max = z.clone().max_dim(1); // [n, 1]

@@ -5,10 +5,15 @@
 //!
 //! - [`row_matmul`]: `x @ w` for a single row `x`, the matrix-vector product of decoding.
 //! - [`decode_attention`]: one query position over the KV cache buffers, in place.
+//! - [`cross_entropy_rows`]: softmax cross-entropy and its gradient coefficient, one pass per row.
+//! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
 
+mod cross_entropy;
 mod decode_attention;
+pub mod exp;
 mod matvec;
 
+pub use cross_entropy::cross_entropy_rows;
 pub use decode_attention::decode_attention;
 pub use matvec::row_matmul;
 

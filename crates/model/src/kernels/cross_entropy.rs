@@ -1,0 +1,246 @@
+//! Softmax cross-entropy over the vocabulary, one pass per row.
+//!
+//! The composed loss (`crate::loss`) forms the max, `exp`, the row sums, the probabilities and a
+//! one-hot matrix as separate `[n, vocab]` tensors, each a pass over memory with glibc's scalar
+//! `expf`. This kernel handles one row per task (rows over rayon's threads): the max, then
+//! `e = exp(z - max)` written straight into the gradient coefficient with the vectorised
+//! [`exp_f32`](super::exp::exp_f32) while summing, then the same buffer scaled in place to
+//! `softmax - one_hot`. The row (600 KB for Qwen3's vocabulary) stays in cache between the passes.
+//! The probabilities are never materialised twice.
+
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Dispatch, DispatchDevice, Flex, backend_extension};
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use rayon::prelude::*;
+
+use super::exp::exp_f32;
+
+/// Backends with a fused cross-entropy kernel (Flex).
+#[backend_extension(Flex)]
+pub trait CrossEntropyRows: Backend {
+    /// Per row of `z: [n, v]` with target `y: [n]` (negative = ignored): the negative
+    /// log-likelihood `[n]` (0 where ignored) and, if `coefficient`, `softmax(z) - one_hot(y)`
+    /// `[n, v]` (zero rows where ignored); else an empty `[0, v]` tensor.
+    fn cross_entropy_rows(
+        z: FloatTensor<Self>,
+        y: IntTensor<Self>,
+        coefficient: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl CrossEntropyRows for Flex {
+    fn cross_entropy_rows(
+        z: FloatTensor<Self>,
+        y: IntTensor<Self>,
+        coefficient: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        flex_cross_entropy_rows(&z, &y, coefficient)
+    }
+}
+
+/// [`CrossEntropyRows::cross_entropy_rows`] on Flex with f32 logits (autodiff or not: the inputs
+/// are used as constants); `None` on other devices, for the composed path.
+///
+/// # Shapes
+/// - `z`: `[n, v]`, `y`: `[n]` -> nll `[n]`, coefficient `[n, v]`
+pub fn cross_entropy_rows(
+    z: &Tensor<2>,
+    y: &Tensor<1, Int>,
+    coefficient: bool,
+) -> Option<(Tensor<1>, Option<Tensor<2>>)> {
+    let z = z.clone().inner();
+    let flex = matches!(z.device().as_dispatch(), DispatchDevice::Flex(_));
+    if !flex || z.dtype() != DType::F32 {
+        return None;
+    }
+    let y = y.clone().inner();
+    let (nll, c) = <Dispatch as CrossEntropyRows>::cross_entropy_rows(
+        z.into_dispatch(),
+        y.into_dispatch(),
+        coefficient,
+    );
+    let nll = Tensor::<1>::from_dispatch(nll);
+    Some((nll, coefficient.then(|| Tensor::<2>::from_dispatch(c))))
+}
+
+fn flex_cross_entropy_rows(z: &FlexTensor, y: &FlexTensor, want: bool) -> (FlexTensor, FlexTensor) {
+    let z = if z.is_contiguous() && z.layout().start_offset() == 0 {
+        z.clone()
+    } else {
+        z.to_contiguous()
+    };
+    let y = y.to_contiguous();
+    let shape = z.layout().shape().clone();
+    let (n, v) = (shape[0], shape[1]);
+    let zd = z.storage::<f32>();
+    let targets: Vec<i64> = match y.dtype() {
+        DType::I64 => y.storage::<i64>().to_vec(),
+        DType::I32 => y.storage::<i32>().iter().map(|&t| i64::from(t)).collect(),
+        other => panic!("cross_entropy_rows: targets must be i64 or i32, got {other:?}"),
+    };
+    let mut nll = vec![0.0f32; n];
+    let mut coef = vec![0.0f32; if want { n * v } else { 0 }];
+    let row =
+        |i: usize, out: &mut [f32]| -> f32 { row_loss(&zd[i * v..(i + 1) * v], targets[i], out) };
+    if want {
+        nll.par_iter_mut()
+            .zip(coef.par_chunks_mut(v))
+            .enumerate()
+            .for_each(|(i, (l, c))| *l = row(i, c));
+    } else {
+        nll.par_iter_mut().enumerate().for_each(|(i, l)| {
+            let mut scratch = Vec::new();
+            *l = row(i, &mut scratch);
+        });
+    }
+    let nll = FlexTensor::from_data(TensorData::new(nll, [n]));
+    let coef = FlexTensor::from_data(TensorData::new(coef, [if want { n } else { 0 }, v]));
+    (nll, coef)
+}
+
+/// One row: returns the NLL; fills `c` (if not empty) with `softmax - one_hot`.
+fn row_loss(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected at run time.
+            return unsafe { row_loss_avx512(z, target, c) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected at run time.
+            return unsafe { row_loss_avx2(z, target, c) };
+        }
+    }
+    row_loss_generic(z, target, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_loss_avx512(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
+    row_loss_generic(z, target, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_loss_avx2(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
+    row_loss_generic(z, target, c)
+}
+
+const LANES: usize = 16;
+
+#[inline(always)]
+fn row_loss_generic(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
+    if target < 0 {
+        c.iter_mut().for_each(|x| *x = 0.0);
+        return 0.0;
+    }
+    // Max over 16 independent lanes (vectorises), then the tail.
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = z.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for ch in chunks {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(ch[l]);
+        }
+    }
+    let max = tail.iter().copied().fold(
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        f32::max,
+    );
+    // Sum of exp(z - max), in f32 lanes; the coefficient buffer receives the exps on the way.
+    let mut sums = [0.0f32; LANES];
+    if c.is_empty() {
+        let chunks = z.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for ch in chunks {
+            for l in 0..LANES {
+                sums[l] += exp_f32(ch[l] - max);
+            }
+        }
+        sums[0] += tail.iter().map(|&x| exp_f32(x - max)).sum::<f32>();
+    } else {
+        let (zc, cc) = (z.chunks_exact(LANES), c.chunks_exact_mut(LANES));
+        let (zt, _) = (zc.remainder(), ());
+        let tail_start = z.len() - zt.len();
+        for (zs, cs) in zc.zip(cc) {
+            for l in 0..LANES {
+                let e = exp_f32(zs[l] - max);
+                cs[l] = e;
+                sums[l] += e;
+            }
+        }
+        for j in tail_start..z.len() {
+            let e = exp_f32(z[j] - max);
+            c[j] = e;
+            sums[0] += e;
+        }
+    }
+    let sum: f32 = sums.iter().sum();
+    let t = target as usize;
+    if !c.is_empty() {
+        let inv = 1.0 / sum;
+        c.iter_mut().for_each(|x| *x *= inv);
+        c[t] -= 1.0;
+    }
+    max + sum.ln() - z[t]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::activation::log_softmax;
+    use burn::tensor::{Device, Distribution};
+
+    /// Against log_softmax (NLL) and softmax - one_hot (coefficient), with ignored rows.
+    #[test]
+    fn rows_match_the_composed_softmax() {
+        let device = Device::flex();
+        for (n, v, std) in [
+            (5, 11, 3.0),
+            (4, 1000, 1.0),
+            (3, 151_936, 2.0),
+            (2, 37, 40.0),
+        ] {
+            let z = Tensor::<2>::random([n, v], Distribution::Normal(0.0, std), &device);
+            let targets: Vec<i64> = (0..n as i64)
+                .map(|i| if i == 1 { -100 } else { (i * 7919) % v as i64 })
+                .collect();
+            let y = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [n]), &device);
+            let (nll, c) = cross_entropy_rows(&z, &y, true).expect("flex takes the kernel");
+            let c = c.unwrap();
+            let logp = log_softmax(z.clone(), 1);
+            let probs = logp.clone().exp();
+            let nll = nll.into_data().try_to_vec::<f32>().unwrap();
+            let c_rows = c.clone().into_data().try_to_vec::<f32>().unwrap();
+            let p_rows = probs.into_data().try_to_vec::<f32>().unwrap();
+            let lp = logp.into_data().try_to_vec::<f32>().unwrap();
+            for (i, &t) in targets.iter().enumerate() {
+                if t < 0 {
+                    assert_eq!(nll[i], 0.0);
+                    assert!(c_rows[i * v..(i + 1) * v].iter().all(|&x| x == 0.0));
+                    continue;
+                }
+                let want = -lp[i * v + t as usize];
+                assert!(
+                    (nll[i] - want).abs() <= 2e-6 * want.abs().max(1.0),
+                    "n={n} v={v} row {i}: nll {} vs {want}",
+                    nll[i]
+                );
+                for j in 0..v {
+                    let expected = p_rows[i * v + j] - if j == t as usize { 1.0 } else { 0.0 };
+                    let got = c_rows[i * v + j];
+                    assert!(
+                        (got - expected).abs() <= 1e-6,
+                        "n={n} v={v} ({i}, {j}): {got} vs {expected}"
+                    );
+                }
+            }
+            // Without the coefficient: the same NLL.
+            let (nll2, none) = cross_entropy_rows(&z, &y, false).unwrap();
+            assert!(none.is_none());
+            assert_eq!(nll2.into_data().try_to_vec::<f32>().unwrap(), nll);
+        }
+    }
+}
