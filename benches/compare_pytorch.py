@@ -133,8 +133,8 @@ def torch_generate(cfg, prompt_len, new_tokens, repeats=3):
             "prompt_tokens_per_sec": statistics.median(prefills[1:]), "peak_rss_mb": rss_mb()}
 
 
-def ours_generate(path, prompt_len, new_tokens, repeats=3):
-    extra = []
+def ours_generate(path, prompt_len, new_tokens, repeats=3, dtype=None):
+    extra = ["--dtype", dtype] if dtype else []
     out = subprocess.run([BIN, "bench", "generate", "--config", path, "--prompt-len", str(prompt_len),
                           "--new-tokens", str(new_tokens), "--repeats", str(repeats), "--json"] + extra,
                          check=True, capture_output=True, text=True, cwd=ROOT)
@@ -222,7 +222,7 @@ def real_suite(args):
     steps, warmup = args.steps, args.warmup
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, attention {ATTN}; qwen-burn binary {BIN}; "
           f"{steps} timed steps after {warmup}", flush=True)
-    rows = {k: ([], []) for k in ["lora", "full", "prefill", "decode"]}
+    rows = {k: ([], []) for k in ["lora", "full", "prefill", "decode", "decode_bf16"]}
     rss = {k: ([], []) for k in ["lora", "full", "decode"]}
     for r in range(args.rounds):
         l0 = load()
@@ -244,14 +244,16 @@ def real_suite(args):
         l0 = load()
         o = ours_generate(full_cfg, args.prompt_len, args.new_tokens, repeats=1)
         l1 = load()
+        ob = ours_generate(full_cfg, args.prompt_len, args.new_tokens, repeats=1, dtype="bf16")
         t = torch_job("generate", full_cfg, args)
         print(f"round {r} generate: qwen-burn prefill {o['prompt_tokens_per_sec']:.1f} decode {o['decode_tokens_per_sec']:.2f} "
-              f"tok/s rss {o['peak_rss_mb']:.0f} MB (load {l0:.2f}) | HF prefill {t['prompt_tokens_per_sec']:.1f} decode {t['decode_tokens_per_sec']:.2f} tok/s "
+              f"tok/s rss {o['peak_rss_mb']:.0f} MB (load {l0:.2f}) | bf16 weights decode {ob['decode_tokens_per_sec']:.2f} | HF prefill {t['prompt_tokens_per_sec']:.1f} decode {t['decode_tokens_per_sec']:.2f} tok/s "
               f"rss {t['peak_rss_mb']:.0f} MB (load {l1:.2f})", flush=True)
         rows["prefill"][0].append(o["prompt_tokens_per_sec"]); rows["prefill"][1].append(t["prompt_tokens_per_sec"])
         rows["decode"][0].append(o["decode_tokens_per_sec"]); rows["decode"][1].append(t["decode_tokens_per_sec"])
+        rows["decode_bf16"][0].append(ob["decode_tokens_per_sec"]); rows["decode_bf16"][1].append(t["decode_tokens_per_sec"])
         rss["decode"][0].append(o["peak_rss_mb"]); rss["decode"][1].append(t["peak_rss_mb"])
-    print("\nsummary (medians; tokens/s; ratio = qwen-burn / PyTorch)")
+    print("\nsummary (medians; tokens/s; ratio = qwen-burn / PyTorch; decode_bf16 is ours with bf16 weights vs HF in f32)")
     for k, (o, t) in rows.items():
         line = f"  {k:12s} qwen-burn {statistics.median(o):8.2f}  pytorch {statistics.median(t):8.2f}  ratio {statistics.median(o) / statistics.median(t):.2f}"
         if k in rss:

@@ -10,7 +10,7 @@ use crate::kernels::row_matmul;
 use crate::kv_cache::KvCache;
 use crate::mlp::linear;
 use crate::moe::RouterOutput;
-use crate::projection::project;
+use crate::projection::{project, widened};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{RopeTables, rope_frequencies};
 
@@ -133,7 +133,8 @@ impl Qwen3ForCausalLM {
         let mask = attention_mask.map(|m| causal_padding_mask(m, t));
 
         // 3. Embed and run the stack.
-        let mut x = self.model.embed_tokens.forward(input_ids);
+        // Activations are f32 even when the table is stored in bf16.
+        let mut x = widened(self.model.embed_tokens.forward(input_ids));
         let mut routers = Vec::new();
         for (i, layer) in self.model.layers.iter().enumerate() {
             let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
@@ -167,11 +168,32 @@ impl Qwen3ForCausalLM {
                 let logits = if b * t == 1 {
                     row_matmul(rows, w.transpose())
                 } else {
-                    rows.matmul(w.transpose())
+                    rows.matmul(widened(w).transpose())
                 };
                 logits.reshape([b, t, v])
             }
         }
+    }
+
+    /// The same model with its matrices (projections, experts, routers, embedding, LM head)
+    /// stored in bf16, for inference: decoding reads half the bytes per token and computes in
+    /// f32 (the kernels widen each weight in registers); norms stay f32. Logits then match a
+    /// model whose weights were rounded to bf16 (`tests/bf16.rs`).
+    pub fn with_bf16_weights(self) -> Self {
+        struct ToBf16;
+        impl burn::module::ModuleMapper for ToBf16 {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: burn::module::Param<Tensor<D>>,
+            ) -> burn::module::Param<Tensor<D>> {
+                if D == 2 {
+                    param.map(|t| t.cast(burn::tensor::DType::BF16))
+                } else {
+                    param
+                }
+            }
+        }
+        self.map(&mut ToBf16)
     }
 
     /// An empty KV cache sized for this model.

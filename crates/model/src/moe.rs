@@ -15,6 +15,7 @@ use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::config::{BalanceLoss, MoeConfig, Qwen3Config};
 use crate::mlp::{Mlp, linear};
+use crate::projection::project;
 
 /// Router plus experts of one MoE layer; parameter names are the HF keys.
 #[derive(Module, Debug)]
@@ -76,7 +77,7 @@ impl SparseMoe {
         let x = x.reshape([n, h]);
 
         // 1. Router: softmax over all experts (f32 here), top-k, optional renormalisation.
-        let logits = self.gate.forward(x.clone()); // [n, e]
+        let logits = project(&self.gate, x.clone()); // [n, e]
         let probs = softmax(logits.clone(), 1);
         let (weights, indices) = match &self.routing_bias {
             None => probs.clone().topk_with_indices(k, 1),
@@ -158,7 +159,7 @@ pub fn naive_forward(moe: &SparseMoe, x: Tensor<3>) -> Tensor<3> {
     let [b, t, h] = x.dims();
     let (n, e) = (b * t, moe.num_experts());
     let x = x.reshape([n, h]);
-    let probs = softmax(moe.gate.forward(x.clone()), 1);
+    let probs = softmax(project(&moe.gate, x.clone()), 1);
     let (w, idx) = match &moe.routing_bias {
         None => probs.topk_with_indices(moe.top_k, 1),
         Some(bias) => {

@@ -8,10 +8,20 @@
 //! Merging (`Module::materialize`) stays for export and inference.
 
 use burn::nn::Linear;
-use burn::tensor::Tensor;
 use burn::tensor::module::linear;
+use burn::tensor::{DType, Tensor};
 
 use crate::kernels::row_matmul;
+
+/// `w` in f32: weights stored in bf16 for inference (`Qwen3ForCausalLM::with_bf16_weights`) are
+/// widened for a multi-row product (prefill, scoring); single rows read them as they are.
+pub(crate) fn widened<const D: usize>(w: Tensor<D>) -> Tensor<D> {
+    if w.dtype() == DType::F32 {
+        w
+    } else {
+        w.cast(DType::F32)
+    }
+}
 
 /// `x @ W + b` of a Burn `Linear` (weight `[d_in, d_out]`), with an attached LoRA adapter
 /// applied in factored form.
@@ -37,11 +47,11 @@ pub fn project<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
             out[D - 1] = y.dims()[1];
             y.reshape(out)
         }
-        None => linear(x, layer.weight.val(), bias),
+        None => linear(x, widened(layer.weight.val()), bias),
         Some(adapter) => {
             // The scale goes on the rank-r intermediate, the smallest tensor of the three.
             let low = linear(x.clone(), adapter.a.val(), None).mul_scalar(adapter.scale);
-            linear(x, layer.weight.base(), bias) + linear(low, adapter.b.val(), None)
+            linear(x, widened(layer.weight.base()), bias) + linear(low, adapter.b.val(), None)
         }
     }
 }

@@ -9,6 +9,8 @@ use qwen_burn_train::RunConfig;
 use qwen_burn_train::bench::{bench_generate, bench_moe_layer, bench_peak_measure, bench_train};
 use qwen_burn_train::config::ModelSource;
 
+use super::WeightDtype;
+
 #[derive(clap::Subcommand, Debug)]
 pub enum Cmd {
     /// Training steps on random tokens (forward, backward, clipping, AdamW).
@@ -80,6 +82,9 @@ pub enum Cmd {
         /// Also time decoding without the KV cache (recomputing the prefix every token).
         #[arg(long)]
         no_cache_too: bool,
+        /// Weight storage: f32, or bf16 (computed in f32).
+        #[arg(long, value_enum, default_value_t = WeightDtype::F32)]
+        dtype: WeightDtype,
         #[arg(long)]
         json: bool,
     },
@@ -143,6 +148,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
             new_tokens,
             repeats,
             no_cache_too,
+            dtype,
             json,
         } => {
             let dev = device.main().clone();
@@ -157,7 +163,8 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 (None, Some(dir)) => qwen_burn_train::checkpoint::load_model_any(&dir, &dev)?,
                 (None, None) => bail!("give --config FILE or --model DIR"),
             };
-            let result = bench_generate(
+            let model = dtype.apply(model);
+            let mut result = bench_generate(
                 &model,
                 device.name(),
                 &dev,
@@ -166,6 +173,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 repeats,
                 no_cache_too,
             )?;
+            result["dtype"] = serde_json::json!(dtype.name());
             print(&result, json);
         }
     }

@@ -51,6 +51,38 @@ pub struct ModelArgs {
     /// Device: flex (default), ndarray, wgpu, cuda[:N].
     #[arg(long, default_value = "flex")]
     pub device: DeviceSet,
+    /// Weight storage: f32 (default), or bf16 (matrices rounded to bf16, computed in f32: half
+    /// the bytes to read per decoded token).
+    #[arg(long, value_enum, default_value_t = WeightDtype::F32)]
+    pub dtype: WeightDtype,
+}
+
+/// How inference stores the model's matrices (`--dtype`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// As trained.
+    #[default]
+    F32,
+    /// Projections, experts, routers, embedding and LM head in bf16; norms and all
+    /// computation in f32.
+    Bf16,
+}
+
+impl WeightDtype {
+    /// `model` with its weights stored in this dtype.
+    pub fn apply(self, model: Qwen3ForCausalLM) -> Qwen3ForCausalLM {
+        match self {
+            WeightDtype::F32 => model,
+            WeightDtype::Bf16 => model.with_bf16_weights(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+        }
+    }
 }
 
 impl ModelArgs {
@@ -64,7 +96,7 @@ impl ModelArgs {
         let device = self.device.main().clone();
         let model = load_model_any(&self.model, &device)
             .with_context(|| format!("loading model from {}", self.model.display()))?;
-        Ok((model, device))
+        Ok((self.dtype.apply(model), device))
     }
 }
 

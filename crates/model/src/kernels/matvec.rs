@@ -8,13 +8,14 @@
 //! - `w` a transposed view of a row-major `[n, k]` (the tied LM head, `embed^T`): one dot
 //!   product per output, over contiguous rows.
 //!
-//! Any other shape, layout or dtype goes to the backend's matmul.
+//! Weights may be f32 or bf16 (`Qwen3ForCausalLM::with_bf16_weights`: half the bytes to read,
+//! widened to f32 in registers). Any other shape, layout or dtype goes to the backend's matmul.
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, DispatchDevice, Flex, backend_extension};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData, bf16};
 use rayon::prelude::*;
 
 /// Backends that can run [`row_matmul`]: only Flex has a kernel; [`row_matmul`] sends every
@@ -31,7 +32,14 @@ impl RowMatmul for Flex {
     fn row_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         match flex_row_matmul(&x, &w) {
             Some(out) => out,
-            None => Self::float_matmul(x, w),
+            None => {
+                let w = if w.dtype() == DType::F32 {
+                    w
+                } else {
+                    Self::float_cast(w, burn::tensor::FloatDType::F32)
+                };
+                Self::float_matmul(x, w)
+            }
         }
     }
 }
@@ -40,8 +48,8 @@ impl RowMatmul for Flex {
 /// multithreaded kernel of this module; elsewhere the backend's matmul.
 pub fn row_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     let flex = matches!(x.device().as_dispatch(), DispatchDevice::Flex(_));
-    if !flex || x.dims()[0] != 1 {
-        return x.matmul(w);
+    if !flex || x.dims()[0] != 1 || x.dtype() != DType::F32 {
+        return x.matmul(crate::projection::widened(w));
     }
     Tensor::from_dispatch(<Dispatch as RowMatmul>::row_matmul(
         x.into_dispatch(),
@@ -54,9 +62,37 @@ pub fn row_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 const MIN_COLUMNS_PER_TASK: usize = 256;
 
 fn flex_row_matmul(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
-    if x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+    if x.dtype() != DType::F32 {
         return None;
     }
+    match w.dtype() {
+        DType::F32 => row_matmul_typed::<f32>(x, w),
+        DType::BF16 => row_matmul_typed::<bf16>(x, w),
+        _ => None,
+    }
+}
+
+/// A weight element the kernels read: f32, or bf16 widened on the fly (its bits are the high
+/// half of an f32).
+trait Weight: Copy + Send + Sync + burn::backend::Element + bytemuck::Pod {
+    fn f32(self) -> f32;
+}
+
+impl Weight for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl Weight for bf16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
+fn row_matmul_typed<W: Weight>(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
     let (xs, ws) = (x.layout().shape(), w.layout().shape());
     if xs.num_dims() != 2 || ws.num_dims() != 2 || xs[0] != 1 || xs[1] != ws[0] {
         return None;
@@ -64,7 +100,7 @@ fn flex_row_matmul(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
     let (k, n) = (ws[0], ws[1]);
     let (x_start, x_end) = x.layout().contiguous_offsets()?;
     let xv = &x.storage::<f32>()[x_start..x_end];
-    let data = w.storage::<f32>();
+    let data = w.storage::<W>();
     let offset = w.layout().start_offset();
     let strides = w.layout().strides();
     let mut out = vec![0.0f32; n];
@@ -105,7 +141,7 @@ fn flex_row_matmul(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
 }
 
 /// `out[j] = sum_i x[i] * w[i, col0 + j]` for a row-major `w` with `n` columns.
-fn axpy_rows(x: &[f32], w: &[f32], n: usize, col0: usize, out: &mut [f32]) {
+fn axpy_rows<W: Weight>(x: &[f32], w: &[W], n: usize, col0: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -123,20 +159,20 @@ fn axpy_rows(x: &[f32], w: &[f32], n: usize, col0: usize, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn axpy_rows_avx512(x: &[f32], w: &[f32], n: usize, col0: usize, out: &mut [f32]) {
+unsafe fn axpy_rows_avx512<W: Weight>(x: &[f32], w: &[W], n: usize, col0: usize, out: &mut [f32]) {
     axpy_rows_generic(x, w, n, col0, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_rows_avx2(x: &[f32], w: &[f32], n: usize, col0: usize, out: &mut [f32]) {
+unsafe fn axpy_rows_avx2<W: Weight>(x: &[f32], w: &[W], n: usize, col0: usize, out: &mut [f32]) {
     axpy_rows_generic(x, w, n, col0, out)
 }
 
 /// Four rows per pass, so `out` is loaded and stored once per four weight rows; the inner loops
 /// are plain slices, which the compiler vectorises for the enabled target features.
 #[inline(always)]
-fn axpy_rows_generic(x: &[f32], w: &[f32], n: usize, col0: usize, out: &mut [f32]) {
+fn axpy_rows_generic<W: Weight>(x: &[f32], w: &[W], n: usize, col0: usize, out: &mut [f32]) {
     let len = out.len();
     let row = |i: usize| &w[i * n + col0..i * n + col0 + len];
     let k = x.len();
@@ -145,21 +181,21 @@ fn axpy_rows_generic(x: &[f32], w: &[f32], n: usize, col0: usize, out: &mut [f32
         let (a0, a1, a2, a3) = (x[i], x[i + 1], x[i + 2], x[i + 3]);
         let (r0, r1, r2, r3) = (row(i), row(i + 1), row(i + 2), row(i + 3));
         for j in 0..len {
-            out[j] += a0 * r0[j] + a1 * r1[j] + a2 * r2[j] + a3 * r3[j];
+            out[j] += a0 * r0[j].f32() + a1 * r1[j].f32() + a2 * r2[j].f32() + a3 * r3[j].f32();
         }
         i += 4;
     }
     while i < k {
         let (a, r) = (x[i], row(i));
         for j in 0..len {
-            out[j] += a * r[j];
+            out[j] += a * r[j].f32();
         }
         i += 1;
     }
 }
 
 /// `sum_i a[i] * b[i]`.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<W: Weight>(a: &[f32], b: &[W]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -177,19 +213,19 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+unsafe fn dot_avx512<W: Weight>(a: &[f32], b: &[W]) -> f32 {
     dot_generic(a, b)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+unsafe fn dot_avx2<W: Weight>(a: &[f32], b: &[W]) -> f32 {
     dot_generic(a, b)
 }
 
 /// Sixteen independent partial sums (a reassociated sum, so the compiler may vectorise it).
 #[inline(always)]
-fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+fn dot_generic<W: Weight>(a: &[f32], b: &[W]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0.0f32; LANES];
     let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
@@ -197,11 +233,11 @@ fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
         .remainder()
         .iter()
         .zip(bc.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x * y.f32())
         .sum();
     for (x, y) in ac.zip(bc) {
         for l in 0..LANES {
-            acc[l] += x[l] * y[l];
+            acc[l] += x[l] * y[l].f32();
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -230,6 +266,27 @@ mod tests {
                     let tol = 1e-5 * (k as f32).sqrt() * 4.0;
                     assert!(diff <= tol, "k={k} n={n}: max abs diff {diff} > {tol}");
                 }
+            }
+        }
+    }
+
+    /// bf16 weights against the f32 matmul of the same (rounded) weights.
+    #[test]
+    fn bf16_weights_match_the_widened_matmul() {
+        let device = Device::flex();
+        for (k, n) in [(3, 5), (1024, 3072), (1027, 2049)] {
+            let x = Tensor::<2>::random([1, k], Distribution::Normal(0.0, 1.0), &device);
+            let w = Tensor::<2>::random([k, n], Distribution::Normal(0.0, 1.0), &device)
+                .cast(DType::BF16);
+            let wt = Tensor::<2>::random([n, k], Distribution::Normal(0.0, 1.0), &device)
+                .cast(DType::BF16);
+            for w in [w, wt.transpose()] {
+                let expected = x.clone().matmul(w.clone().cast(DType::F32));
+                let got = row_matmul(x.clone(), w);
+                assert_eq!(got.dtype(), DType::F32);
+                let diff = (got - expected).abs().max().into_scalar::<f32>();
+                let tol = 1e-5 * (k as f32).sqrt() * 4.0;
+                assert!(diff <= tol, "k={k} n={n}: max abs diff {diff} > {tol}");
             }
         }
     }
