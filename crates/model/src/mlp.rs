@@ -31,8 +31,15 @@ impl Mlp {
     /// # Shapes
     /// - `x`: `[..., hidden]` -> `[..., hidden]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = silu(project(&self.gate_proj, x.clone()));
-        project(&self.down_proj, gate * project(&self.up_proj, x))
+        let (gate, up) = (
+            project(&self.gate_proj, x.clone()),
+            project(&self.up_proj, x),
+        );
+        let hidden = match crate::kernels::swiglu(&gate, &up) {
+            Some(h) => h,
+            None => silu(gate) * up,
+        };
+        project(&self.down_proj, hidden)
     }
 }
 

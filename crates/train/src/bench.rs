@@ -6,7 +6,7 @@ use std::time::Instant;
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::kernels::in_pool;
+use qwen_burn_model::kernels::{in_pool, set_fused_kernels};
 use qwen_burn_model::{DeviceSet, Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -76,6 +76,7 @@ pub fn bench_train(
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
+    set_fused_kernels(t.fused_kernels);
     let model_config = &model_config_of(config)?;
     let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
     let device = replicas.main().clone();
@@ -136,6 +137,7 @@ pub fn bench_train(
         "achieved_tflops": tps * flops / 1e12,
         "peak_tflops": peak / 1e12,
         "peak_source": peak_source,
+        "fused_kernels": t.fused_kernels,
         "mfu": tps * flops / peak,
         "peak_rss_mb": peak_rss_mb(),
         "final_loss": losses.last().copied().unwrap_or(f64::NAN),

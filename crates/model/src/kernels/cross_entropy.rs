@@ -51,7 +51,7 @@ pub fn cross_entropy_rows(
 ) -> Option<(Tensor<1>, Option<Tensor<2>>)> {
     let z = z.clone().inner();
     let flex = matches!(z.device().as_dispatch(), DispatchDevice::Flex(_));
-    if !flex || z.dtype() != DType::F32 {
+    if !flex || z.dtype() != DType::F32 || !super::fused_kernels() {
         return None;
     }
     let y = y.clone().inner();

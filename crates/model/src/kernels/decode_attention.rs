@@ -58,7 +58,15 @@ pub fn decode_attention(
         .all(|d| *d == DType::F32);
     let [_, hq, t, _] = q.dims();
     let hkv = k.dims()[1];
-    if !flex || !f32s || t != 1 || hkv == 0 || hq % hkv != 0 || len == 0 || len > k.dims()[2] {
+    if !flex
+        || !f32s
+        || !super::fused_kernels()
+        || t != 1
+        || hkv == 0
+        || hq % hkv != 0
+        || len == 0
+        || len > k.dims()[2]
+    {
         return None;
     }
     Some(Tensor::from_dispatch(

@@ -48,7 +48,7 @@ impl RowMatmul for Flex {
 /// multithreaded kernel of this module; elsewhere the backend's matmul.
 pub fn row_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     let flex = matches!(x.device().as_dispatch(), DispatchDevice::Flex(_));
-    if !flex || x.dims()[0] != 1 || x.dtype() != DType::F32 {
+    if !flex || x.dims()[0] != 1 || x.dtype() != DType::F32 || !super::fused_kernels() {
         return x.matmul(crate::projection::widened(w));
     }
     Tensor::from_dispatch(<Dispatch as RowMatmul>::row_matmul(

@@ -6,14 +6,44 @@
 //! - [`row_matmul`]: `x @ w` for a single row `x`, the matrix-vector product of decoding.
 //! - [`decode_attention`]: one query position over the KV cache buffers, in place.
 //! - [`cross_entropy_rows`]: softmax cross-entropy and its gradient coefficient, one pass per row.
+//! - [`rms_norm`], [`swiglu`]: training ops with a hand-written backward (Autodiff over Flex).
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
 
 mod cross_entropy;
 mod decode_attention;
 pub mod exp;
 mod matvec;
+mod rms_norm;
+mod swiglu;
 
 pub use cross_entropy::cross_entropy_rows;
+pub use rms_norm::rms_norm;
+pub use swiglu::swiglu;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// 0 = not read yet, 1 = on, 2 = off.
+static FUSED: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the fused kernels run (default on). Off, every op here takes the composed Burn path
+/// it replaces. Set by `training.fused_kernels` for training and benchmarks, or by the
+/// environment (`QWEN_BURN_FUSED_KERNELS=0`) for any command; process-wide.
+pub fn fused_kernels() -> bool {
+    match FUSED.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var("QWEN_BURN_FUSED_KERNELS").map_or(true, |v| v != "0");
+            FUSED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Turn the fused kernels on or off for this process (see [`fused_kernels`]).
+pub fn set_fused_kernels(on: bool) {
+    FUSED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
 pub use decode_attention::decode_attention;
 pub use matvec::row_matmul;
 
@@ -29,4 +59,27 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         return f();
     }
     rayon::join(f, || ()).0
+}
+
+/// Whether the fused training kernels apply to tensors on `device`: Flex, with or without
+/// autodiff, and the switch on.
+pub(crate) fn flex_training(device: &burn::tensor::Device) -> bool {
+    use burn::backend::DispatchDevice;
+    let flex = match device.as_dispatch() {
+        DispatchDevice::Flex(_) => true,
+        DispatchDevice::Autodiff(inner) => {
+            matches!(inner.clone().inner(), DispatchDevice::Flex(_))
+        }
+        _ => false,
+    };
+    flex && fused_kernels()
+}
+
+/// `t` contiguous from offset 0 (a cheap clone when it already is).
+pub(crate) fn dense(t: &burn::backend::flex::FlexTensor) -> burn::backend::flex::FlexTensor {
+    if t.is_contiguous() && t.layout().start_offset() == 0 {
+        t.clone()
+    } else {
+        t.to_contiguous()
+    }
 }

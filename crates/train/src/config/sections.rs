@@ -191,6 +191,9 @@ pub struct TrainingConfig {
     pub on_nonfinite: OnNonFinite,
     /// How data-parallel replicas combine gradients.
     pub parallel: ParallelStrategy,
+    /// Use the fused Flex kernels (`qwen_burn_model::kernels`); `false` runs the composed Burn
+    /// ops they replace, for A/B runs and debugging. Other backends always run the composed ops.
+    pub fused_kernels: bool,
 }
 
 impl Default for TrainingConfig {
@@ -210,6 +213,7 @@ impl Default for TrainingConfig {
             sample_temperature: 0.8,
             on_nonfinite: OnNonFinite::Stop,
             parallel: ParallelStrategy::Auto,
+            fused_kernels: true,
         }
     }
 }

@@ -1,0 +1,231 @@
+//! RMSNorm with a hand-written backward: `y = x * r * w`, `r = 1 / sqrt(mean(x^2) + eps)` per row.
+//!
+//! The composed version runs square, mean, add, sqrt, reciprocal and two multiplications as
+//! separate passes (and about twice as many in its backward); Qwen3 applies it four times per
+//! layer (input, post-attention, and per head to queries and keys). Here: one pass forward (rows
+//! over the threads), saving `r`; one pass backward for `dx` and one for `dw`:
+//! `dx = r (g - xhat mean(g xhat))`, `g = dy w`, `xhat = x r`; `dw = sum_rows dy xhat`.
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{DType, Tensor, TensorData};
+use rayon::prelude::*;
+
+use super::{dense, flex_training};
+
+/// Backends with a fused RMSNorm: Flex, and Autodiff over Flex (with its backward).
+#[backend_extension(Flex, Autodiff)]
+pub trait FusedRmsNorm: Backend {
+    /// `x * rsqrt(mean(x^2, last axis) + eps) * w`, `x: [..., d]`, `w: [d]`.
+    fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f64) -> FloatTensor<Self>;
+}
+
+impl FusedRmsNorm for Flex {
+    fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        forward(&x, &w, eps).0
+    }
+}
+
+impl<C: CheckpointStrategy> FusedRmsNorm for Autodiff<Flex, C> {
+    fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RmsNormBackward;
+
+        impl Backward<Flex, 2> for RmsNormBackward {
+            /// `x`, `w` and the per-row `r` of the forward.
+            type State = (FlexTensor, FlexTensor, FlexTensor);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_w] = ops.parents;
+                let dy = grads.consume::<Flex>(&ops.node);
+                let (x, w, r) = ops.state;
+                if let Some(node) = node_x {
+                    grads.register::<Flex>(node.id, backward_x(&dy, &x, &w, &r));
+                }
+                if let Some(node) = node_w {
+                    grads.register::<Flex>(
+                        node.id,
+                        backward_w(&dy, &x, &r, w.layout().num_elements()),
+                    );
+                }
+            }
+        }
+
+        match RmsNormBackward
+            .prepare::<C>([x.node(), w.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
+                let (y, r) = forward(&xp, &wp, eps);
+                prep.finish((xp, wp, r), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive(), w.primitive(), eps).0),
+        }
+    }
+}
+
+/// The fused RMSNorm on Flex (autodiff or not) in f32; `None` elsewhere, for the composed path.
+///
+/// # Shapes
+/// - `x`: `[..., d]`, `w`: `[d]` -> `[..., d]`
+pub fn rms_norm<const D: usize>(x: &Tensor<D>, w: &Tensor<1>, eps: f64) -> Option<Tensor<D>> {
+    if !flex_training(&x.device()) || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+        return None;
+    }
+    Some(Tensor::from_dispatch(<Dispatch as FusedRmsNorm>::rms_norm(
+        x.clone().into_dispatch(),
+        w.clone().into_dispatch(),
+        eps,
+    )))
+}
+
+/// Rows per rayon task: at least this many elements each.
+fn min_rows(d: usize) -> usize {
+    (16_384 / d.max(1)).max(1)
+}
+
+fn forward(x: &FlexTensor, w: &FlexTensor, eps: f64) -> (FlexTensor, FlexTensor) {
+    let (x, w) = (dense(x), dense(w));
+    let shape = x.layout().shape().clone();
+    let d = w.layout().num_elements();
+    let rows = x.layout().num_elements() / d.max(1);
+    let (xs, ws) = (x.storage::<f32>(), w.storage::<f32>());
+    let mut y = vec![0.0f32; rows * d];
+    let mut r = vec![0.0f32; rows];
+    y.par_chunks_mut(d)
+        .zip(r.par_iter_mut())
+        .enumerate()
+        .with_min_len(min_rows(d))
+        .for_each(|(i, (yr, ri))| {
+            let xr = &xs[i * d..(i + 1) * d];
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let rr = 1.0 / (ms + eps as f32).sqrt();
+            *ri = rr;
+            for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(ws) {
+                *o = v * rr * g;
+            }
+        });
+    (
+        FlexTensor::from_data(TensorData::new(y, shape)),
+        FlexTensor::from_data(TensorData::new(r, [rows])),
+    )
+}
+
+fn backward_x(dy: &FlexTensor, x: &FlexTensor, w: &FlexTensor, r: &FlexTensor) -> FlexTensor {
+    let (dy, x, w) = (dense(dy), dense(x), dense(w));
+    let shape = x.layout().shape().clone();
+    let d = w.layout().num_elements();
+    let rows = x.layout().num_elements() / d.max(1);
+    let (dys, xs, ws, rs) = (
+        dy.storage::<f32>(),
+        x.storage::<f32>(),
+        w.storage::<f32>(),
+        r.storage::<f32>(),
+    );
+    let mut dx = vec![0.0f32; rows * d];
+    dx.par_chunks_mut(d)
+        .enumerate()
+        .with_min_len(min_rows(d))
+        .for_each(|(i, out)| {
+            let (xr, gr, rr) = (&xs[i * d..(i + 1) * d], &dys[i * d..(i + 1) * d], rs[i]);
+            // mean over the row of (dy w) * xhat
+            let dot: f32 = xr
+                .iter()
+                .zip(gr)
+                .zip(ws)
+                .map(|((&xv, &g), &wv)| g * wv * xv * rr)
+                .sum();
+            let m = dot / d as f32;
+            for j in 0..d {
+                out[j] = rr * (gr[j] * ws[j] - xr[j] * rr * m);
+            }
+        });
+    FlexTensor::from_data(TensorData::new(dx, shape))
+}
+
+fn backward_w(dy: &FlexTensor, x: &FlexTensor, r: &FlexTensor, d: usize) -> FlexTensor {
+    let (dy, x) = (dense(dy), dense(x));
+    let rows = x.layout().num_elements() / d.max(1);
+    let (dys, xs, rs) = (dy.storage::<f32>(), x.storage::<f32>(), r.storage::<f32>());
+    let chunk = min_rows(d);
+    let dw = (0..rows.div_ceil(chunk))
+        .into_par_iter()
+        .map(|c| {
+            let mut acc = vec![0.0f32; d];
+            for i in c * chunk..((c + 1) * chunk).min(rows) {
+                let (xr, gr, rr) = (&xs[i * d..(i + 1) * d], &dys[i * d..(i + 1) * d], rs[i]);
+                for j in 0..d {
+                    acc[j] += gr[j] * xr[j] * rr;
+                }
+            }
+            acc
+        })
+        .reduce(
+            || vec![0.0f32; d],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
+    FlexTensor::from_data(TensorData::new(dw, [d]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, Distribution};
+
+    fn composed<const D: usize>(x: Tensor<D>, w: Tensor<1>, eps: f64) -> Tensor<D> {
+        let variance = x.clone().square().mean_dim(D - 1);
+        x * (variance + eps).sqrt().recip() * w.unsqueeze()
+    }
+
+    /// Values and gradients (input and weight) against the composed ops, on Flex with autodiff.
+    #[test]
+    fn fused_rms_norm_matches_the_composed_ops() {
+        let device = Device::flex().autodiff();
+        for (shape, eps) in [([2, 3, 64], 1e-6), ([4, 16, 8], 1e-5), ([1, 1, 1000], 1e-6)] {
+            let d = shape[2];
+            let normal = Distribution::Normal(0.0, 1.5);
+            let x = Tensor::<3>::random(shape, normal, &device).require_grad();
+            let w = (Tensor::<1>::random([d], normal, &device) * 0.2 + 1.0).require_grad();
+            let dy = Tensor::<3>::random(shape, normal, &device);
+            let fused = rms_norm(&x, &w, eps).expect("flex autodiff takes the kernel");
+            let reference = composed(x.clone(), w.clone(), eps);
+            let value = (fused.clone() - reference.clone())
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            assert!(value <= 1e-5, "{shape:?}: values differ by {value}");
+            let ga = (fused * dy.clone()).sum().backward();
+            let gb = (reference * dy).sum().backward();
+            let dx = (x.grad(&ga).unwrap() - x.grad(&gb).unwrap())
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            let dw = (w.grad(&ga).unwrap() - w.grad(&gb).unwrap())
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            let dw_scale = w.grad(&gb).unwrap().abs().max().into_scalar::<f32>();
+            assert!(dx <= 1e-5, "{shape:?}: input gradients differ by {dx}");
+            assert!(
+                dw <= 1e-5 * dw_scale.max(1.0),
+                "{shape:?}: weight gradients differ by {dw}"
+            );
+        }
+    }
+}
