@@ -7,7 +7,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Tensor};
 
 use crate::config::Qwen3Config;
-use crate::kernels::decode_attention;
+use crate::kernels::{causal_attention, decode_attention};
 use crate::kv_cache::LayerCache;
 use crate::mlp::linear;
 use crate::projection::project;
@@ -106,6 +106,14 @@ impl Attention {
             }
             None => (k, v),
         };
+
+        // Causal attention without padding on Flex: the fused kernel (GQA by index, no scores
+        // tensor; crate::kernels::causal_attention).
+        if mask.is_none()
+            && let Some(out) = causal_attention(&q, &k, &v, scale as f32)
+        {
+            return project(&self.o_proj, out.swap_dims(1, 2).reshape([b, t, hq * hd]));
+        }
 
         // 4. GQA: query head h reads kv head h / (hq / hkv) (HF repeat_kv = repeat_interleave).
         let (k, v) = (repeat_kv(k, hq / hkv), repeat_kv(v, hq / hkv));
