@@ -12,8 +12,10 @@
 //!   `dP = dO V^T`, `dS = P (dP - rowsum(dO * O))`, then `dQ = s dS K`, `dK += s dS^T Q`,
 //!   `dV += P^T dO`.
 //!
-//! The keys and values of the task's head are transposed once into `[hd, s]` scratch buffers so
-//! that every inner loop is an axpy over a contiguous row (no horizontal sums).
+//! The products run through the `gemm` crate (the kernel Flex's matmul uses) on `[t, s]` score
+//! blocks of one head at a time, on the task's thread; the causal half above the diagonal is
+//! computed and zeroed (simpler than triangular tiles; a bound to remove with query tiling when
+//! sequences grow long, since the block is `t x s` floats per task).
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -187,38 +189,10 @@ impl Dims {
     }
 }
 
-/// `[s, hd]` row-major -> `[hd, s]`.
-fn transpose_into(src: &[f32], s: usize, hd: usize, dst: &mut [f32]) {
-    for j in 0..s {
-        for d in 0..hd {
-            dst[d * s + j] = src[j * hd + d];
-        }
-    }
-}
-
-/// `scores[..n] = sum_d q[d] * kt[d, ..n]` (kt is `[hd, s]`).
-#[inline(always)]
-fn scores_row(q: &[f32], kt: &[f32], s: usize, n: usize, scores: &mut [f32]) {
-    scores[..n].iter_mut().for_each(|x| *x = 0.0);
-    for (d, &qd) in q.iter().enumerate() {
-        let row = &kt[d * s..d * s + n];
-        for (x, &kv) in scores[..n].iter_mut().zip(row) {
-            *x += qd * kv;
-        }
-    }
-}
-
 fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexTensor, FlexTensor) {
     let (q, k, v) = (dense(q), dense(k), dense(v));
     let dm = Dims::of(&q, &k);
-    let Dims {
-        b,
-        hq,
-        hkv,
-        t,
-        s,
-        hd,
-    } = dm;
+    let Dims { b, hq, t, hd, .. } = dm;
     let (qs, ks, vs) = (q.storage::<f32>(), k.storage::<f32>(), v.storage::<f32>());
     let group = dm.group();
     let mut out = vec![0.0f32; b * hq * t * hd];
@@ -228,32 +202,15 @@ fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexT
         .zip(lse.par_chunks_mut(group * t))
         .enumerate()
         .for_each(|(task, (o, l))| {
-            let (bi, kh) = (task / hkv, task % hkv);
-            let kv_off = (bi * hkv + kh) * s * hd;
-            let mut kt = vec![0.0f32; hd * s];
-            transpose_into(&ks[kv_off..kv_off + s * hd], s, hd, &mut kt);
-            let vh = &vs[kv_off..kv_off + s * hd];
-            let mut scores = vec![0.0f32; s];
-            for g in 0..group {
-                let h = kh * group + g;
-                let q_off = (bi * hq + h) * t * hd;
-                for i in 0..t {
-                    let n = dm.visible(i);
-                    let qi = &qs[q_off + i * hd..q_off + (i + 1) * hd];
-                    row_forward(
-                        qi,
-                        &kt,
-                        vh,
-                        s,
-                        hd,
-                        n,
-                        scale,
-                        &mut scores,
-                        &mut o[(g * t + i) * hd..(g * t + i + 1) * hd],
-                        &mut l[g * t + i],
-                    );
-                }
-            }
+            let args = ForwardTask {
+                dm,
+                task,
+                qs,
+                ks,
+                vs,
+                scale,
+            };
+            dispatch(|| args.run(o, l));
         });
     (
         FlexTensor::from_data(TensorData::new(out, [b, hq, t, hd])),
@@ -261,40 +218,218 @@ fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexT
     )
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Run `f` with AVX-512 (or AVX2 + FMA) enabled when the CPU has it, so that the inlined loops
+/// of the tasks are vectorised for it.
 #[inline(always)]
-fn row_forward(
-    qi: &[f32],
-    kt: &[f32],
-    vh: &[f32],
-    s: usize,
-    hd: usize,
-    n: usize,
-    scale: f32,
-    scores: &mut [f32],
-    o: &mut [f32],
-    lse: &mut f32,
-) {
-    scores_row(qi, kt, s, n, scores);
-    let mut max = f32::NEG_INFINITY;
-    for x in scores[..n].iter_mut() {
-        *x *= scale;
-        max = max.max(*x);
-    }
-    let mut sum = 0.0f32;
-    for x in scores[..n].iter_mut() {
-        *x = exp_f32(*x - max);
-        sum += *x;
-    }
-    let inv = 1.0 / sum;
-    o.iter_mut().for_each(|x| *x = 0.0);
-    for (j, &p) in scores[..n].iter().enumerate() {
-        let w = p * inv;
-        for (x, &vv) in o.iter_mut().zip(&vh[j * hd..(j + 1) * hd]) {
-            *x += w * vv;
+fn dispatch(f: impl FnOnce()) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected at run time.
+            return unsafe { with_avx512(f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected at run time.
+            return unsafe { with_avx2(f) };
         }
     }
-    *lse = max + sum.ln();
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn with_avx512(f: impl FnOnce()) {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn with_avx2(f: impl FnOnce()) {
+    f()
+}
+
+/// One forward task: batch row and KV head `task`, all its query heads.
+struct ForwardTask<'a> {
+    dm: Dims,
+    task: usize,
+    qs: &'a [f32],
+    ks: &'a [f32],
+    vs: &'a [f32],
+    scale: f32,
+}
+
+impl ForwardTask<'_> {
+    #[inline(always)]
+    fn run(&self, o: &mut [f32], l: &mut [f32]) {
+        let Dims {
+            hq, hkv, t, s, hd, ..
+        } = self.dm;
+        let group = self.dm.group();
+        let (bi, kh) = (self.task / hkv, self.task % hkv);
+        let kv_off = (bi * hkv + kh) * s * hd;
+        let (k, v) = (
+            &self.ks[kv_off..kv_off + s * hd],
+            &self.vs[kv_off..kv_off + s * hd],
+        );
+        let mut p = vec![0.0f32; t * s];
+        for g in 0..group {
+            let h = kh * group + g;
+            let q = &self.qs[(bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd];
+            // S = Q K^T, then each row's causal softmax in place (P), keeping its log-sum-exp.
+            mm(t, s, hd, (q, hd, 1), (k, 1, hd), (&mut p, s), false);
+            for i in 0..t {
+                let n = self.dm.visible(i);
+                let row = &mut p[i * s..(i + 1) * s];
+                let mut max = f32::NEG_INFINITY;
+                for x in row[..n].iter_mut() {
+                    *x *= self.scale;
+                    max = max.max(*x);
+                }
+                let mut sum = 0.0f32;
+                for x in row[..n].iter_mut() {
+                    *x = exp_f32(*x - max);
+                    sum += *x;
+                }
+                let inv = 1.0 / sum;
+                row[..n].iter_mut().for_each(|x| *x *= inv);
+                row[n..].iter_mut().for_each(|x| *x = 0.0);
+                l[g * t + i] = max + sum.ln();
+            }
+            // O = P V.
+            mm(
+                t,
+                hd,
+                s,
+                (&p, s, 1),
+                (v, hd, 1),
+                (&mut o[g * t * hd..(g + 1) * t * hd], hd),
+                false,
+            );
+        }
+    }
+}
+
+/// One backward task: batch row and KV head `task`, all its query heads; it owns that head's
+/// `dk` and `dv`.
+struct BackwardTask<'a> {
+    dm: Dims,
+    task: usize,
+    qs: &'a [f32],
+    ks: &'a [f32],
+    vs: &'a [f32],
+    os: &'a [f32],
+    dos: &'a [f32],
+    ls: &'a [f32],
+    scale: f32,
+}
+
+impl BackwardTask<'_> {
+    #[inline(always)]
+    fn run(&self, dqc: &mut [f32], dkc: &mut [f32], dvc: &mut [f32]) {
+        let Dims {
+            hq, hkv, t, s, hd, ..
+        } = self.dm;
+        let group = self.dm.group();
+        let scale = self.scale;
+        let (bi, kh) = (self.task / hkv, self.task % hkv);
+        let kv_off = (bi * hkv + kh) * s * hd;
+        let (k, v) = (
+            &self.ks[kv_off..kv_off + s * hd],
+            &self.vs[kv_off..kv_off + s * hd],
+        );
+        let mut p = vec![0.0f32; t * s];
+        let mut ds = vec![0.0f32; t * s];
+        for g in 0..group {
+            let h = kh * group + g;
+            let span = (bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd;
+            let (q, o, d_o) = (
+                &self.qs[span.clone()],
+                &self.os[span.clone()],
+                &self.dos[span],
+            );
+            // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
+            mm(t, s, hd, (q, hd, 1), (k, 1, hd), (&mut p, s), false);
+            mm(t, s, hd, (d_o, hd, 1), (v, 1, hd), (&mut ds, s), false);
+            for i in 0..t {
+                let n = self.dm.visible(i);
+                let lse = self.ls[(bi * hq + h) * t + i];
+                let dd: f32 = d_o[i * hd..(i + 1) * hd]
+                    .iter()
+                    .zip(&o[i * hd..(i + 1) * hd])
+                    .map(|(a, c)| a * c)
+                    .sum();
+                let (pr, dr) = (&mut p[i * s..(i + 1) * s], &mut ds[i * s..(i + 1) * s]);
+                for j in 0..n {
+                    pr[j] = exp_f32(pr[j] * scale - lse);
+                    dr[j] = pr[j] * (dr[j] - dd) * scale;
+                }
+                pr[n..].iter_mut().for_each(|x| *x = 0.0);
+                dr[n..].iter_mut().for_each(|x| *x = 0.0);
+            }
+            // dQ = dS K; dK += dS^T Q; dV += P^T dO.
+            mm(
+                t,
+                hd,
+                s,
+                (&ds, s, 1),
+                (k, hd, 1),
+                (&mut dqc[g * t * hd..(g + 1) * t * hd], hd),
+                false,
+            );
+            mm(s, hd, t, (&ds, 1, s), (q, hd, 1), (dkc, hd), true);
+            mm(s, hd, t, (&p, 1, s), (d_o, hd, 1), (dvc, hd), true);
+        }
+    }
+}
+
+/// `c = a @ b` (or `c += a @ b` when `accumulate`) for `a: [m, k]`, `b: [k, n]`, `c: [m, n]`,
+/// each given as `(data, row stride, column stride)` (`c` row-major with its row stride), on
+/// the calling thread (the tasks are already spread over the threads).
+fn mm(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, a_rs, a_cs): (&[f32], usize, usize),
+    (b, b_rs, b_cs): (&[f32], usize, usize),
+    (c, c_rs): (&mut [f32], usize),
+    accumulate: bool,
+) {
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * rs + (cols - 1) * cs + 1
+        }
+    };
+    assert!(a.len() >= last(m, k, a_rs, a_cs), "lhs out of bounds");
+    assert!(b.len() >= last(k, n, b_rs, b_cs), "rhs out of bounds");
+    assert!(c.len() >= last(m, n, c_rs, 1), "dst out of bounds");
+    // SAFETY: the asserts above keep every index the strides reach inside the slices, and `c`
+    // does not alias `a` or `b` (it is a distinct `&mut`).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            c_rs as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 #[allow(clippy::type_complexity)]
@@ -332,46 +467,18 @@ fn backward(
         .zip(dv.par_chunks_mut(s * hd))
         .enumerate()
         .for_each(|(task, ((dqc, dkc), dvc))| {
-            let (bi, kh) = (task / hkv, task % hkv);
-            let kv_off = (bi * hkv + kh) * s * hd;
-            let (kh_rows, vh_rows) = (&ks[kv_off..kv_off + s * hd], &vs[kv_off..kv_off + s * hd]);
-            let mut kt = vec![0.0f32; hd * s];
-            let mut vt = vec![0.0f32; hd * s];
-            transpose_into(kh_rows, s, hd, &mut kt);
-            transpose_into(vh_rows, s, hd, &mut vt);
-            let mut p = vec![0.0f32; s];
-            let mut dp = vec![0.0f32; s];
-            for g in 0..group {
-                let h = kh * group + g;
-                let q_off = (bi * hq + h) * t * hd;
-                for i in 0..t {
-                    let n = dm.visible(i);
-                    let r = q_off + i * hd;
-                    let (qi, oi, doi) = (&qs[r..r + hd], &os[r..r + hd], &dos[r..r + hd]);
-                    // P recomputed from the log-sum-exp.
-                    scores_row(qi, &kt, s, n, &mut p);
-                    let l = ls[(bi * hq + h) * t + i];
-                    for x in p[..n].iter_mut() {
-                        *x = exp_f32(*x * scale - l);
-                    }
-                    // dP = dO V^T; D = rowsum(dO * O).
-                    scores_row(doi, &vt, s, n, &mut dp);
-                    let dd: f32 = doi.iter().zip(oi).map(|(a, c)| a * c).sum();
-                    let dqi = &mut dqc[(g * t + i) * hd..(g * t + i + 1) * hd];
-                    for j in 0..n {
-                        let ds = p[j] * (dp[j] - dd) * scale;
-                        let kj = &kh_rows[j * hd..(j + 1) * hd];
-                        let dkj = &mut dkc[j * hd..(j + 1) * hd];
-                        let dvj = &mut dvc[j * hd..(j + 1) * hd];
-                        let pj = p[j];
-                        for d in 0..hd {
-                            dqi[d] += ds * kj[d];
-                            dkj[d] += ds * qi[d];
-                            dvj[d] += pj * doi[d];
-                        }
-                    }
-                }
-            }
+            let args = BackwardTask {
+                dm,
+                task,
+                qs,
+                ks,
+                vs,
+                os,
+                dos,
+                ls,
+                scale,
+            };
+            dispatch(|| args.run(dqc, dkc, dvc));
         });
     (
         FlexTensor::from_data(TensorData::new(dq, [b, hq, t, hd])),

@@ -15,7 +15,10 @@ pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // Clamp so that 2^n stays a normal number; below the low bound the result is 0.
     let x = x.clamp(-87.336_55, 88.376_26);
-    let n = (x * LOG2E).round();
+    // Round to nearest by adding and subtracting 1.5 * 2^23 (exact for |x log2 e| < 2^22):
+    // plain float arithmetic, so it vectorises without SSE4.1's `roundps` and never calls libm.
+    const SHIFTER: f32 = 12_582_912.0;
+    let n = (x * LOG2E + SHIFTER) - SHIFTER;
     let r = x - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let p = 1.987_569_1e-4_f32;
