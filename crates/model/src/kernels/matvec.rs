@@ -2,11 +2,13 @@
 //!
 //! Decoding one token reads every weight once, so it is bound by memory bandwidth. Flex's
 //! matmul hands `[1, k] @ [k, n]` to the `gemm` crate, which runs it on one thread: about 55% of
-//! what this machine's memory delivers to two (benches/README.md). This kernel splits the
-//! output columns over rayon's threads and streams the weight once:
-//! - `w` row-major `[k, n]` (a Linear weight): `out += x[i] * w[i, ..]`, four rows at a time;
-//! - `w` a transposed view of a row-major `[n, k]` (the tied LM head, `embed^T`): one dot
-//!   product per output, over contiguous rows.
+//! what this machine's memory delivers to two (benches/README.md). This kernel spreads the
+//! weight over rayon's threads and streams it once:
+//! - `w` row-major `[k, n]` (a Linear weight): each thread takes a contiguous block of rows and
+//!   accumulates `x[i] * w[i, ..]` (four rows at a time) into its own partial output; the
+//!   partials are added;
+//! - `w` a transposed view of a row-major `[n, k]` (the tied LM head, `embed^T`): the outputs are
+//!   split over the threads, one dot product each over a contiguous row.
 //!
 //! Weights may be f32 or bf16 (`Qwen3ForCausalLM::with_bf16_weights`: half the bytes to read,
 //! widened to f32 in registers). Any other shape, layout or dtype goes to the backend's matmul.
@@ -57,8 +59,7 @@ pub fn row_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     ))
 }
 
-/// Rows of `w` per chunk of work; columns are split so that each thread has at least this many
-/// outputs (small products stay on one thread).
+/// Outputs per task in the dot-product layout (a small head stays on one thread).
 const MIN_COLUMNS_PER_TASK: usize = 256;
 
 fn flex_row_matmul(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
