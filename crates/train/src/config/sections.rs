@@ -254,7 +254,11 @@ pub struct LoggingConfig {
 
 /// `logging.peak_tflops`: a peak per device kind (TFLOP/s of one device).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table of TFLOP/s per device kind (flex, ndarray, wgpu, cuda), e.g. \
+                 `{ cuda = 67.0 }`: a figure applies to its device kind only"
+)]
 pub struct PeakTflops {
     /// The Flex CPU backend.
     pub flex: Option<f64>,

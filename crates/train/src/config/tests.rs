@@ -105,3 +105,22 @@ fn data_keys_of_the_other_kind_are_refused() {
     load(&["data.kind=\"sft\"", "data.pack=false"]).unwrap();
     load(&["data.sampling=\"epochs\""]).unwrap();
 }
+
+#[test]
+fn peak_tflops_is_a_table_per_device_kind() {
+    let c = load(&["logging.peak_tflops.cuda=67.0"]).unwrap();
+    assert_eq!(c.logging.peak_tflops.cuda, Some(67.0));
+    assert_eq!(c.logging.peak_tflops.flex, None);
+    // A bare number would apply to whatever device runs: refused, naming the key and the form.
+    let e = load(&["logging.peak_tflops=67.0"]).unwrap_err().to_string();
+    assert!(
+        e.contains("logging.peak_tflops") && e.contains("per device kind"),
+        "{e}"
+    );
+    let e = load(&["logging.peak_tflops.tpu=1.0"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tpu"), "{e}");
+    let c = load(&["training.fused_kernels=false"]).unwrap();
+    assert!(!c.training.fused_kernels);
+}
