@@ -36,6 +36,14 @@ fn floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
+fn token_ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -85,18 +93,10 @@ fn check(name: &str) {
     );
 
     let greedy = &bf16["greedy_bf16_weights"];
-    let prompt: Vec<u32> = greedy["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    let want: Vec<u32> = greedy["new_token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let (prompt, want) = (
+        token_ids(&greedy["prompt_ids"]),
+        token_ids(&greedy["new_token_ids"]),
+    );
     let cfg = SamplingConfig {
         max_new_tokens: want.len(),
         ..SamplingConfig::default()

@@ -183,6 +183,14 @@ impl Dims {
     fn group(&self) -> usize {
         self.hq / self.hkv
     }
+    /// Task `task`'s batch row, KV head, and the span of that head's keys (or values) in a
+    /// `[b, hkv, s, hd]` buffer.
+    fn kv_head(&self, task: usize) -> (usize, usize, std::ops::Range<usize>) {
+        let (bi, kh) = (task / self.hkv, task % self.hkv);
+        let off = (bi * self.hkv + kh) * self.s * self.hd;
+        (bi, kh, off..off + self.s * self.hd)
+    }
+
     /// Keys visible to query row `i`.
     fn visible(&self, i: usize) -> usize {
         self.s - self.t + i + 1
@@ -262,16 +270,10 @@ struct ForwardTask<'a> {
 impl ForwardTask<'_> {
     #[inline(always)]
     fn run(&self, o: &mut [f32], l: &mut [f32]) {
-        let Dims {
-            hq, hkv, t, s, hd, ..
-        } = self.dm;
+        let Dims { hq, t, s, hd, .. } = self.dm;
         let group = self.dm.group();
-        let (bi, kh) = (self.task / hkv, self.task % hkv);
-        let kv_off = (bi * hkv + kh) * s * hd;
-        let (k, v) = (
-            &self.ks[kv_off..kv_off + s * hd],
-            &self.vs[kv_off..kv_off + s * hd],
-        );
+        let (bi, kh, span) = self.dm.kv_head(self.task);
+        let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
         let mut p = vec![0.0f32; t * s];
         for g in 0..group {
             let h = kh * group + g;
@@ -327,17 +329,11 @@ struct BackwardTask<'a> {
 impl BackwardTask<'_> {
     #[inline(always)]
     fn run(&self, dqc: &mut [f32], dkc: &mut [f32], dvc: &mut [f32]) {
-        let Dims {
-            hq, hkv, t, s, hd, ..
-        } = self.dm;
+        let Dims { hq, t, s, hd, .. } = self.dm;
         let group = self.dm.group();
         let scale = self.scale;
-        let (bi, kh) = (self.task / hkv, self.task % hkv);
-        let kv_off = (bi * hkv + kh) * s * hd;
-        let (k, v) = (
-            &self.ks[kv_off..kv_off + s * hd],
-            &self.vs[kv_off..kv_off + s * hd],
-        );
+        let (bi, kh, span) = self.dm.kv_head(self.task);
+        let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
         let mut p = vec![0.0f32; t * s];
         let mut ds = vec![0.0f32; t * s];
         for g in 0..group {

@@ -10,7 +10,7 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Backend, Dispatch, DispatchDevice, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
@@ -49,11 +49,10 @@ pub fn cross_entropy_rows(
     y: &Tensor<1, Int>,
     coefficient: bool,
 ) -> Option<(Tensor<1>, Option<Tensor<2>>)> {
-    let z = z.clone().inner();
-    let flex = matches!(z.device().as_dispatch(), DispatchDevice::Flex(_));
-    if !flex || z.dtype() != DType::F32 || !super::fused_kernels() {
+    if !super::flex_training(&z.device()) || z.dtype() != DType::F32 {
         return None;
     }
+    let z = z.clone().inner();
     let y = y.clone().inner();
     let (nll, c) = <Dispatch as CrossEntropyRows>::cross_entropy_rows(
         z.into_dispatch(),

@@ -8,7 +8,7 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, DispatchDevice, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
@@ -52,21 +52,13 @@ pub fn decode_attention(
     len: usize,
     scale: f32,
 ) -> Option<Tensor<4>> {
-    let flex = matches!(q.device().as_dispatch(), DispatchDevice::Flex(_));
+    let flex = super::flex_inference(&q.device());
     let f32s = [q.dtype(), k.dtype(), v.dtype()]
         .iter()
         .all(|d| *d == DType::F32);
     let [_, hq, t, _] = q.dims();
     let hkv = k.dims()[1];
-    if !flex
-        || !f32s
-        || !super::fused_kernels()
-        || t != 1
-        || hkv == 0
-        || hq % hkv != 0
-        || len == 0
-        || len > k.dims()[2]
-    {
+    if !flex || !f32s || t != 1 || hkv == 0 || hq % hkv != 0 || len == 0 || len > k.dims()[2] {
         return None;
     }
     Some(Tensor::from_dispatch(

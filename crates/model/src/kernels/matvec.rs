@@ -16,7 +16,7 @@
 use burn::backend::flex::FlexTensor;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, DispatchDevice, Flex, backend_extension};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData, bf16};
 use rayon::prelude::*;
 
@@ -49,8 +49,7 @@ impl RowMatmul for Flex {
 /// `x @ w` for `x: [1, k]` and `w: [k, n]`. On plain Flex (no autodiff), with f32 operands, the
 /// multithreaded kernel of this module; elsewhere the backend's matmul.
 pub fn row_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
-    let flex = matches!(x.device().as_dispatch(), DispatchDevice::Flex(_));
-    if !flex || x.dims()[0] != 1 || x.dtype() != DType::F32 || !super::fused_kernels() {
+    if !super::flex_inference(&x.device()) || x.dims()[0] != 1 || x.dtype() != DType::F32 {
         return x.matmul(crate::projection::widened(w));
     }
     Tensor::from_dispatch(<Dispatch as RowMatmul>::row_matmul(

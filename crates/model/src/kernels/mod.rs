@@ -78,6 +78,12 @@ pub(crate) fn flex_training(device: &burn::tensor::Device) -> bool {
     flex && fused_kernels()
 }
 
+/// Whether the fused inference kernels apply to tensors on `device`: plain Flex (no autodiff)
+/// and the switch on.
+pub(crate) fn flex_inference(device: &burn::tensor::Device) -> bool {
+    matches!(device.as_dispatch(), burn::backend::DispatchDevice::Flex(_)) && fused_kernels()
+}
+
 /// `t` contiguous from offset 0 (a cheap clone when it already is).
 pub(crate) fn dense(t: &burn::backend::flex::FlexTensor) -> burn::backend::flex::FlexTensor {
     if t.is_contiguous() && t.layout().start_offset() == 0 {
