@@ -6,8 +6,9 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::block::DecoderLayer;
 use crate::config::Qwen3Config;
-use crate::kernels::row_matmul;
+use crate::kernels::{linear_cross_entropy, row_matmul};
 use crate::kv_cache::KvCache;
+use crate::loss::cross_entropy_sum;
 use crate::mlp::linear;
 use crate::moe::RouterOutput;
 use crate::projection::{project, widened};
@@ -173,6 +174,27 @@ impl Qwen3ForCausalLM {
                 logits.reshape([b, t, v])
             }
         }
+    }
+
+    /// Summed next-token cross-entropy of the LM head's logits over `targets` (`-100` =
+    /// ignored), as [`cross_entropy_sum`] of [`Self::lm_head`]. On Flex the head and the loss run
+    /// as one kernel ([`linear_cross_entropy`]) that never forms the `[b, t, vocab]` logits; a
+    /// LoRA-adapted or biased head, bf16 weights and other devices take the composed path.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[b, t, hidden]`, `targets`: `[b, t]` -> `[1]`
+    pub fn head_cross_entropy_sum(&self, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+        let [b, t, d] = hidden.dims();
+        let rows = hidden.clone().reshape([b * t, d]);
+        let flat = targets.clone().reshape([b * t]);
+        let fused = match &self.lm_head {
+            Some(head) if head.weight.adapter().is_none() && head.bias.is_none() => {
+                linear_cross_entropy(&rows, &head.weight.val(), &flat, false)
+            }
+            Some(_) => None,
+            None => linear_cross_entropy(&rows, &self.model.embed_tokens.weight.val(), &flat, true),
+        };
+        fused.unwrap_or_else(|| cross_entropy_sum(self.lm_head(hidden), targets))
     }
 
     /// The same model with its matrices (projections, experts, routers, embedding, LM head)

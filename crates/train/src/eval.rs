@@ -3,7 +3,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{Batch, Tok};
-use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor, token_nll};
+use qwen_burn_model::loss::{shift_targets, targets_tensor, token_nll};
 use qwen_burn_model::{Qwen3ForCausalLM, SamplingConfig, generate};
 use serde::Serialize;
 
@@ -16,8 +16,8 @@ pub fn evaluate(model: &Qwen3ForCausalLM, batches: &[Batch], device: &Device) ->
     let mut count = 0;
     for batch in batches {
         let (inputs, targets, mask) = batch_tensors(batch, device);
-        let out = model.forward(inputs, mask, None);
-        total += read_scalar(cross_entropy_sum(out.logits, targets))?;
+        let (hidden, _) = model.forward_hidden(inputs, mask, None);
+        total += read_scalar(model.head_cross_entropy_sum(hidden, targets))?;
         count += count_targets(batch);
     }
     Ok(total / count.max(1) as f64)

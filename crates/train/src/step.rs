@@ -13,10 +13,10 @@ use std::sync::{Barrier, Mutex};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use qwen_burn_data::Batch;
-use qwen_burn_model::loss::cross_entropy_sum;
+use qwen_burn_model::moe::RouterOutput;
 use qwen_burn_model::{
-    BalanceLoss, ModelOutput, Qwen3Config, Qwen3ForCausalLM, RouterStats, balancing_loss,
-    router_z_loss, selection_counts,
+    BalanceLoss, Qwen3Config, Qwen3ForCausalLM, RouterStats, balancing_loss, router_z_loss,
+    selection_counts,
 };
 
 use crate::error::{Result, TrainError};
@@ -130,24 +130,28 @@ pub struct LossParts {
 
 /// The one place the training loss is assembled (train, bench, score and eval use it).
 ///
-/// `ce_norm` divides the summed cross-entropy (the step's target count); `router_weight`
-/// scales this forward's router losses (its share of the step); `global_fractions` are the
-/// step's selection fractions for `global_batch`.
+/// `ce_sum` is the forward's summed cross-entropy
+/// ([`Qwen3ForCausalLM::head_cross_entropy_sum`], or `loss::cross_entropy_sum` of its logits),
+/// `routers` its router outputs, `batch_size` its rows. `ce_norm` divides the summed
+/// cross-entropy (the step's target count); `router_weight` scales this forward's router losses
+/// (its share of the step); `global_fractions` are the step's selection fractions for
+/// `global_batch`.
+#[allow(clippy::too_many_arguments)]
 pub fn assemble_loss(
     config: &Qwen3Config,
-    out: &ModelOutput,
-    targets: Tensor<2, Int>,
+    ce_sum: Tensor<1>,
+    routers: &[RouterOutput],
+    batch_size: usize,
     mask: Option<&Tensor<2, Bool>>,
     ce_norm: f64,
     router_weight: f64,
     global_fractions: Option<&[Vec<f64>]>,
 ) -> LossParts {
-    let ce_sum = cross_entropy_sum(out.logits.clone(), targets);
     let mut loss = ce_sum.clone() / ce_norm;
     let (mut aux, mut z) = (None, None);
     if let Some(moe) = &config.moe {
-        let [b, _, _] = out.logits.dims();
-        let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+        let b = batch_size;
+        let logits: Vec<_> = routers.iter().map(|r| r.logits.clone()).collect();
         let mask_f = mask.map(|m| m.clone().float());
         let a = balancing_loss(
             moe.router_aux_loss_type,
@@ -183,14 +187,14 @@ pub fn assemble_loss(
 /// whole "step": its own selection fractions. `None` for the other kinds.
 pub fn own_fractions(
     config: &Qwen3Config,
-    out: &ModelOutput,
+    routers: &[RouterOutput],
     mask: Option<&Tensor<2, Bool>>,
 ) -> Option<Vec<Vec<f64>>> {
     let moe = config.moe.as_ref()?;
     if moe.router_aux_loss_type != BalanceLoss::GlobalBatch {
         return None;
     }
-    let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+    let logits: Vec<_> = routers.iter().map(|r| r.logits.clone()).collect();
     let mask_f = mask.map(|m| m.clone().float());
     let (counts, tokens) = selection_counts(&logits, moe.num_experts_per_tok, mask_f.as_ref());
     Some(fractions(&counts, tokens).0)
@@ -203,7 +207,8 @@ pub(crate) fn read_scalar(t: Tensor<1>) -> Result<f64> {
 }
 
 /// A forward pass kept for its backward: output, targets, padding mask.
-type Forward = (ModelOutput, Tensor<2, Int>, Option<Tensor<2, Bool>>);
+/// One forward's summed cross-entropy, router outputs and padding mask.
+type Forward = (Tensor<1>, Vec<RouterOutput>, Option<Tensor<2, Bool>>);
 
 /// Where the replicas of one step meet for `global_batch`: each adds the selection counts of
 /// its micro-batches, and all continue with the step's totals.
@@ -292,12 +297,15 @@ pub fn forward_backward_part(
     let mut stats = StepStats::default();
     let mut ce_total = 0.0;
 
+    // The loss's cross-entropy is formed with the forward (the fused head kernel computes its
+    // gradients there); the router losses wait for the step's fractions under `global_batch`.
     let forward = |batch: &Batch| {
         let (inputs, targets, mask) = batch_tensors(batch, device);
-        let out = model.forward(inputs, mask.clone(), None);
-        (out, targets, mask)
+        let (hidden, routers) = model.forward_hidden(inputs, mask.clone(), None);
+        let ce_sum = model.head_cross_entropy_sum(hidden, targets);
+        (ce_sum, routers, mask)
     };
-    let mut backward = |(out, targets, mask): Forward,
+    let mut backward = |(ce_sum, routers, mask): Forward,
                         batch: &Batch,
                         router_weight: f64,
                         fractions: Option<&[Vec<f64>]>|
@@ -305,8 +313,9 @@ pub fn forward_backward_part(
         stats.tokens += batch.batch_size * batch.seq_len;
         let parts = assemble_loss(
             &model.config,
-            &out,
-            targets,
+            ce_sum,
+            &routers,
+            batch.batch_size,
             mask.as_ref(),
             ce_norm,
             router_weight,
@@ -318,15 +327,10 @@ pub fn forward_backward_part(
         if let Some(z) = parts.z {
             *stats.z_loss.get_or_insert(0.0) += read_scalar(z)? / k;
         }
-        if !out.routers.is_empty() {
-            let counts: Vec<Vec<usize>> = out
-                .routers
-                .iter()
-                .map(|r| r.expert_counts.clone())
-                .collect();
+        if !routers.is_empty() {
+            let counts: Vec<Vec<usize>> = routers.iter().map(|r| r.expert_counts.clone()).collect();
             add_counts(&mut stats.expert_counts, &counts);
-            let entropy: Vec<f64> = out
-                .routers
+            let entropy: Vec<f64> = routers
                 .iter()
                 .map(|r| RouterStats::mean_entropy(&r.logits) / k)
                 .collect();
@@ -356,8 +360,8 @@ pub fn forward_backward_part(
         let forwards: Vec<Forward> = batches.iter().map(forward).collect();
         let mut counts = Vec::new();
         let mut tokens = 0.0;
-        for (out, _, mask) in &forwards {
-            let logits: Vec<_> = out.routers.iter().map(|r| r.logits.clone()).collect();
+        for (_, routers, mask) in &forwards {
+            let logits: Vec<_> = routers.iter().map(|r| r.logits.clone()).collect();
             let mask_f = mask.as_ref().map(|m| m.clone().float());
             let (c, t) = selection_counts(&logits, top_k, mask_f.as_ref());
             add_f64(&mut counts, &c);

@@ -7,19 +7,21 @@ mod common;
 
 use burn::tensor::Device;
 use common::{lcg_batch, tiny_config, worst_grad_diff};
-use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::kernels::set_fused_kernels;
+use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use qwen_burn_train::step::forward_backward;
+use serde_json::json;
 
 #[test]
 fn the_switch_selects_the_composed_ops_and_both_agree() {
-    for moe in [false, true] {
+    // Both LM-head layouts of the fused head + loss kernel: a `Linear` and the tied table.
+    for (moe, tied) in [(false, false), (false, true), (true, false)] {
         let device = Device::flex().autodiff();
-        let model = init_weights(
-            Qwen3ForCausalLM::new(&tiny_config(moe, None, 0.01), &device),
-            7,
-        );
+        let mut config = tiny_config(moe, None, 0.01).to_hf_json();
+        config["tie_word_embeddings"] = json!(tied);
+        let config = Qwen3Config::from_json(&config, false).unwrap();
+        let model = init_weights(Qwen3ForCausalLM::new(&config, &device), 7);
         let batches = [lcg_batch(4, 16, 3)];
         set_fused_kernels(true);
         let (fused, a) = forward_backward(&model, &batches, &device).unwrap();
@@ -29,19 +31,22 @@ fn the_switch_selects_the_composed_ops_and_both_agree() {
         let loss_diff = (a.loss - b.loss).abs();
         assert!(
             loss_diff <= 1e-5 * b.loss.abs(),
-            "moe={moe}: loss {} vs {}",
+            "moe={moe} tied={tied}: loss {} vs {}",
             a.loss,
             b.loss
         );
         let (worst, compared) = worst_grad_diff(&model, &fused, &composed);
-        assert!(compared > 10, "moe={moe}: compared {compared} parameters");
+        assert!(
+            compared > 10,
+            "moe={moe} tied={tied}: compared {compared} parameters"
+        );
         assert!(
             worst <= 1e-5,
-            "moe={moe}: gradients differ by up to {worst}"
+            "moe={moe} tied={tied}: gradients differ by up to {worst}"
         );
         assert!(
             worst > 0.0 || a.loss != b.loss,
-            "moe={moe}: bit-identical results: the switch did not change the path"
+            "moe={moe} tied={tied}: bit-identical results: the switch did not change the path"
         );
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_model::Qwen3ForCausalLM;
-use qwen_burn_model::loss::{shift_targets, targets_tensor};
+use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor};
 use qwen_burn_train::step::{assemble_loss, own_fractions};
 use serde_json::json;
 
@@ -102,11 +102,12 @@ pub fn score_rows(
         None
     };
     let n = b * (t - 1);
-    let fractions = own_fractions(&model.config, &out, None);
+    let fractions = own_fractions(&model.config, &out.routers, None);
     let parts = assemble_loss(
         &model.config,
-        &out,
-        targets,
+        cross_entropy_sum(out.logits.clone(), targets),
+        &out.routers,
+        b,
         None,
         n as f64,
         1.0,

@@ -29,6 +29,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::exp::exp_f32;
+use super::mm::{Threads, mm};
 use super::{dense, flex_training};
 
 /// Backends with the fused causal attention: Flex, and Autodiff over Flex (with its backward).
@@ -279,7 +280,16 @@ impl ForwardTask<'_> {
             let h = kh * group + g;
             let q = &self.qs[(bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd];
             // S = Q K^T, then each row's causal softmax in place (P), keeping its log-sum-exp.
-            mm(t, s, hd, (q, hd, 1), (k, 1, hd), (&mut p, s), false);
+            mm(
+                t,
+                s,
+                hd,
+                (q, hd, 1),
+                (k, 1, hd),
+                (&mut p, s),
+                false,
+                Threads::One,
+            );
             for i in 0..t {
                 let n = self.dm.visible(i);
                 let row = &mut p[i * s..(i + 1) * s];
@@ -307,6 +317,7 @@ impl ForwardTask<'_> {
                 (v, hd, 1),
                 (&mut o[g * t * hd..(g + 1) * t * hd], hd),
                 false,
+                Threads::One,
             );
         }
     }
@@ -345,8 +356,26 @@ impl BackwardTask<'_> {
                 &self.dos[span],
             );
             // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
-            mm(t, s, hd, (q, hd, 1), (k, 1, hd), (&mut p, s), false);
-            mm(t, s, hd, (d_o, hd, 1), (v, 1, hd), (&mut ds, s), false);
+            mm(
+                t,
+                s,
+                hd,
+                (q, hd, 1),
+                (k, 1, hd),
+                (&mut p, s),
+                false,
+                Threads::One,
+            );
+            mm(
+                t,
+                s,
+                hd,
+                (d_o, hd, 1),
+                (v, 1, hd),
+                (&mut ds, s),
+                false,
+                Threads::One,
+            );
             for i in 0..t {
                 let n = self.dm.visible(i);
                 let lse = self.ls[(bi * hq + h) * t + i];
@@ -372,59 +401,29 @@ impl BackwardTask<'_> {
                 (k, hd, 1),
                 (&mut dqc[g * t * hd..(g + 1) * t * hd], hd),
                 false,
+                Threads::One,
             );
-            mm(s, hd, t, (&ds, 1, s), (q, hd, 1), (dkc, hd), true);
-            mm(s, hd, t, (&p, 1, s), (d_o, hd, 1), (dvc, hd), true);
+            mm(
+                s,
+                hd,
+                t,
+                (&ds, 1, s),
+                (q, hd, 1),
+                (dkc, hd),
+                true,
+                Threads::One,
+            );
+            mm(
+                s,
+                hd,
+                t,
+                (&p, 1, s),
+                (d_o, hd, 1),
+                (dvc, hd),
+                true,
+                Threads::One,
+            );
         }
-    }
-}
-
-/// `c = a @ b` (or `c += a @ b` when `accumulate`) for `a: [m, k]`, `b: [k, n]`, `c: [m, n]`,
-/// each given as `(data, row stride, column stride)` (`c` row-major with its row stride), on
-/// the calling thread (the tasks are already spread over the threads).
-fn mm(
-    m: usize,
-    n: usize,
-    k: usize,
-    (a, a_rs, a_cs): (&[f32], usize, usize),
-    (b, b_rs, b_cs): (&[f32], usize, usize),
-    (c, c_rs): (&mut [f32], usize),
-    accumulate: bool,
-) {
-    let last = |rows: usize, cols: usize, rs: usize, cs: usize| {
-        if rows == 0 || cols == 0 {
-            0
-        } else {
-            (rows - 1) * rs + (cols - 1) * cs + 1
-        }
-    };
-    assert!(a.len() >= last(m, k, a_rs, a_cs), "lhs out of bounds");
-    assert!(b.len() >= last(k, n, b_rs, b_cs), "rhs out of bounds");
-    assert!(c.len() >= last(m, n, c_rs, 1), "dst out of bounds");
-    // SAFETY: the asserts above keep every index the strides reach inside the slices, and `c`
-    // does not alias `a` or `b` (it is a distinct `&mut`).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            c_rs as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }
 

@@ -69,28 +69,24 @@ fn flex_cross_entropy_rows(z: &FlexTensor, y: &FlexTensor, want: bool) -> (FlexT
     } else {
         z.to_contiguous()
     };
-    let y = y.to_contiguous();
     let shape = z.layout().shape().clone();
     let (n, v) = (shape[0], shape[1]);
     let zd = z.storage::<f32>();
-    let targets: Vec<i64> = match y.dtype() {
-        DType::I64 => y.storage::<i64>().to_vec(),
-        DType::I32 => y.storage::<i32>().iter().map(|&t| i64::from(t)).collect(),
-        other => panic!("cross_entropy_rows: targets must be i64 or i32, got {other:?}"),
-    };
+    let targets = targets_i64(y);
     let mut nll = vec![0.0f32; n];
     let mut coef = vec![0.0f32; if want { n * v } else { 0 }];
-    let row =
-        |i: usize, out: &mut [f32]| -> f32 { row_loss(&zd[i * v..(i + 1) * v], targets[i], out) };
     if want {
         nll.par_iter_mut()
             .zip(coef.par_chunks_mut(v))
             .enumerate()
-            .for_each(|(i, (l, c))| *l = row(i, c));
+            .for_each(|(i, (l, c))| {
+                c.copy_from_slice(&zd[i * v..(i + 1) * v]);
+                *l = row_loss(c, targets[i], true);
+            });
     } else {
         nll.par_iter_mut().enumerate().for_each(|(i, l)| {
-            let mut scratch = Vec::new();
-            *l = row(i, &mut scratch);
+            let mut row = zd[i * v..(i + 1) * v].to_vec();
+            *l = row_loss(&mut row, targets[i], false);
         });
     }
     let nll = FlexTensor::from_data(TensorData::new(nll, [n]));
@@ -98,41 +94,55 @@ fn flex_cross_entropy_rows(z: &FlexTensor, y: &FlexTensor, want: bool) -> (FlexT
     (nll, coef)
 }
 
-/// One row: returns the NLL; fills `c` (if not empty) with `softmax - one_hot`.
-fn row_loss(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
+/// Target ids as i64 (the Int tensors here are i64 or i32).
+pub(super) fn targets_i64(y: &FlexTensor) -> Vec<i64> {
+    let y = y.to_contiguous();
+    match y.dtype() {
+        DType::I64 => y.storage::<i64>().to_vec(),
+        DType::I32 => y.storage::<i32>().iter().map(|&t| i64::from(t)).collect(),
+        other => panic!("cross-entropy targets must be i64 or i32, got {other:?}"),
+    }
+}
+
+/// One row's NLL; with `coefficient`, `z` is overwritten with `softmax(z) - one_hot(target)`
+/// (zeros for an ignored row). `z` is read from and written to cache-resident memory: the max,
+/// then `exp(z - max)` stored in place while summing, then the in-place scale.
+pub(super) fn row_loss(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the feature was detected at run time.
-            return unsafe { row_loss_avx512(z, target, c) };
+            return unsafe { row_loss_avx512(z, target, coefficient) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the features were detected at run time.
-            return unsafe { row_loss_avx2(z, target, c) };
+            return unsafe { row_loss_avx2(z, target, coefficient) };
         }
     }
-    row_loss_generic(z, target, c)
+    row_loss_generic(z, target, coefficient)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn row_loss_avx512(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
-    row_loss_generic(z, target, c)
+unsafe fn row_loss_avx512(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
+    row_loss_generic(z, target, coefficient)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row_loss_avx2(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
-    row_loss_generic(z, target, c)
+unsafe fn row_loss_avx2(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
+    row_loss_generic(z, target, coefficient)
 }
 
 const LANES: usize = 16;
 
 #[inline(always)]
-fn row_loss_generic(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
+fn row_loss_generic(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
     if target < 0 {
-        c.iter_mut().for_each(|x| *x = 0.0);
+        if coefficient {
+            z.iter_mut().for_each(|x| *x = 0.0);
+        }
         return 0.0;
     }
     // Max over 16 independent lanes (vectorises), then the tail.
@@ -148,42 +158,42 @@ fn row_loss_generic(z: &[f32], target: i64, c: &mut [f32]) -> f32 {
         lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
         f32::max,
     );
-    // Sum of exp(z - max), in f32 lanes; the coefficient buffer receives the exps on the way.
+    let t = target as usize;
+    let z_target = z[t];
+    // Sum of exp(z - max) in f32 lanes; with `coefficient` the exps replace the logits.
     let mut sums = [0.0f32; LANES];
-    if c.is_empty() {
-        let chunks = z.chunks_exact(LANES);
-        let tail = chunks.remainder();
-        for ch in chunks {
-            for l in 0..LANES {
-                sums[l] += exp_f32(ch[l] - max);
-            }
-        }
-        sums[0] += tail.iter().map(|&x| exp_f32(x - max)).sum::<f32>();
-    } else {
-        let (zc, cc) = (z.chunks_exact(LANES), c.chunks_exact_mut(LANES));
-        let (zt, _) = (zc.remainder(), ());
-        let tail_start = z.len() - zt.len();
-        for (zs, cs) in zc.zip(cc) {
+    let tail_start = z.len() - z.len() % LANES;
+    if coefficient {
+        for zs in z.chunks_exact_mut(LANES) {
             for l in 0..LANES {
                 let e = exp_f32(zs[l] - max);
-                cs[l] = e;
+                zs[l] = e;
                 sums[l] += e;
             }
         }
-        for j in tail_start..z.len() {
-            let e = exp_f32(z[j] - max);
-            c[j] = e;
+        for x in &mut z[tail_start..] {
+            let e = exp_f32(*x - max);
+            *x = e;
             sums[0] += e;
         }
+    } else {
+        for zs in z.chunks_exact(LANES) {
+            for l in 0..LANES {
+                sums[l] += exp_f32(zs[l] - max);
+            }
+        }
+        sums[0] += z[tail_start..]
+            .iter()
+            .map(|&x| exp_f32(x - max))
+            .sum::<f32>();
     }
     let sum: f32 = sums.iter().sum();
-    let t = target as usize;
-    if !c.is_empty() {
+    if coefficient {
         let inv = 1.0 / sum;
-        c.iter_mut().for_each(|x| *x *= inv);
-        c[t] -= 1.0;
+        z.iter_mut().for_each(|x| *x *= inv);
+        z[t] -= 1.0;
     }
-    max + sum.ln() - z[t]
+    max + sum.ln() - z_target
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! - [`row_matmul`]: `x @ w` for a single row `x`, the matrix-vector product of decoding.
 //! - [`decode_attention`]: one query position over the KV cache buffers, in place.
 //! - [`cross_entropy_rows`]: softmax cross-entropy and its gradient coefficient, one pass per row.
+//! - [`linear_cross_entropy`]: the LM head and that loss fused, in row chunks, with both
+//!   gradients (no `[n, vocab]` tensor).
 //! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`]: training
 //!   ops with a hand-written backward (Autodiff over Flex).
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
@@ -14,12 +16,15 @@ mod attention;
 mod cross_entropy;
 mod decode_attention;
 pub mod exp;
+mod linear_cross_entropy;
 mod matvec;
+mod mm;
 mod rms_norm;
 mod swiglu;
 
 pub use attention::causal_attention;
 pub use cross_entropy::cross_entropy_rows;
+pub use linear_cross_entropy::linear_cross_entropy;
 pub use rms_norm::rms_norm;
 pub use swiglu::swiglu;
 
