@@ -11,7 +11,7 @@ use burn::nn::Linear;
 use burn::tensor::module::linear;
 use burn::tensor::{DType, Tensor};
 
-use crate::kernels::row_matmul;
+use crate::kernels::{linear_rows, row_matmul};
 
 /// `w` in f32: weights stored in bf16 for inference (`Qwen3ForCausalLM::with_bf16_weights`) are
 /// widened for a multi-row product (prefill, scoring); single rows read them as they are.
@@ -47,11 +47,23 @@ pub fn project<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
             out[D - 1] = y.dims()[1];
             y.reshape(out)
         }
-        None => linear(x, widened(layer.weight.val()), bias),
+        None => matmul(x, widened(layer.weight.val()), bias),
         Some(adapter) => {
             // The scale goes on the rank-r intermediate, the smallest tensor of the three.
-            let low = linear(x.clone(), adapter.a.val(), None).mul_scalar(adapter.scale);
-            linear(x, widened(layer.weight.base()), bias) + linear(low, adapter.b.val(), None)
+            let low = matmul(x.clone(), adapter.a.val(), None).mul_scalar(adapter.scale);
+            matmul(x, widened(layer.weight.base()), bias) + matmul(low, adapter.b.val(), None)
         }
+    }
+}
+
+/// `x @ w + b`: the fused projection kernel on Flex ([`linear_rows`]), Burn's `linear`
+/// elsewhere.
+fn matmul<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    match linear_rows(&x, &w) {
+        Some(y) => match bias {
+            Some(b) => y + b.unsqueeze(),
+            None => y,
+        },
+        None => linear(x, w, bias),
     }
 }

@@ -219,43 +219,12 @@ fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexT
                 vs,
                 scale,
             };
-            dispatch(|| args.run(o, l));
+            args.run(o, l);
         });
     (
         FlexTensor::from_data(TensorData::new(out, [b, hq, t, hd])),
         FlexTensor::from_data(TensorData::new(lse, [b, hq, t])),
     )
-}
-
-/// Run `f` with AVX-512 (or AVX2 + FMA) enabled when the CPU has it, so that the inlined loops
-/// of the tasks are vectorised for it.
-#[inline(always)]
-fn dispatch(f: impl FnOnce()) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected at run time.
-            return unsafe { with_avx512(f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the features were detected at run time.
-            return unsafe { with_avx2(f) };
-        }
-    }
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn with_avx512(f: impl FnOnce()) {
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn with_avx2(f: impl FnOnce()) {
-    f()
 }
 
 /// One forward task: batch row and KV head `task`, all its query heads.
@@ -291,22 +260,8 @@ impl ForwardTask<'_> {
                 Threads::One,
             );
             for i in 0..t {
-                let n = self.dm.visible(i);
                 let row = &mut p[i * s..(i + 1) * s];
-                let mut max = f32::NEG_INFINITY;
-                for x in row[..n].iter_mut() {
-                    *x *= self.scale;
-                    max = max.max(*x);
-                }
-                let mut sum = 0.0f32;
-                for x in row[..n].iter_mut() {
-                    *x = exp_f32(*x - max);
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                row[..n].iter_mut().for_each(|x| *x *= inv);
-                row[n..].iter_mut().for_each(|x| *x = 0.0);
-                l[g * t + i] = max + sum.ln();
+                l[g * t + i] = softmax_row(row, self.dm.visible(i), self.scale);
             }
             // O = P V.
             mm(
@@ -385,12 +340,7 @@ impl BackwardTask<'_> {
                     .map(|(a, c)| a * c)
                     .sum();
                 let (pr, dr) = (&mut p[i * s..(i + 1) * s], &mut ds[i * s..(i + 1) * s]);
-                for j in 0..n {
-                    pr[j] = exp_f32(pr[j] * scale - lse);
-                    dr[j] = pr[j] * (dr[j] - dd) * scale;
-                }
-                pr[n..].iter_mut().for_each(|x| *x = 0.0);
-                dr[n..].iter_mut().for_each(|x| *x = 0.0);
+                score_gradient_row(pr, dr, n, scale, lse, dd);
             }
             // dQ = dS K; dK += dS^T Q; dV += P^T dO.
             mm(
@@ -425,6 +375,140 @@ impl BackwardTask<'_> {
             );
         }
     }
+}
+
+/// Independent accumulators of the row reductions (one AVX-512 register), so they vectorise.
+const LANES: usize = 16;
+
+/// `row[..n] = softmax(row[..n] * scale)` in place, `row[n..] = 0`; returns the row's
+/// log-sum-exp of the scaled scores. Compiled for AVX-512 or AVX2 + FMA when the CPU has them.
+fn softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected at run time.
+            return unsafe { softmax_row_avx512(row, n, scale) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected at run time.
+            return unsafe { softmax_row_avx2(row, n, scale) };
+        }
+    }
+    softmax_row_generic(row, n, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_row_avx512(row: &mut [f32], n: usize, scale: f32) -> f32 {
+    softmax_row_generic(row, n, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_avx2(row: &mut [f32], n: usize, scale: f32) -> f32 {
+    softmax_row_generic(row, n, scale)
+}
+
+#[inline(always)]
+fn softmax_row_generic(row: &mut [f32], n: usize, scale: f32) -> f32 {
+    let (live, dead) = row.split_at_mut(n);
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = live.chunks_exact_mut(LANES);
+    for ch in &mut chunks {
+        for l in 0..LANES {
+            ch[l] *= scale;
+            lanes[l] = lanes[l].max(ch[l]);
+        }
+    }
+    for x in chunks.into_remainder() {
+        *x *= scale;
+        lanes[0] = lanes[0].max(*x);
+    }
+    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sums = [0.0f32; LANES];
+    let mut chunks = live.chunks_exact_mut(LANES);
+    for ch in &mut chunks {
+        for l in 0..LANES {
+            let e = exp_f32(ch[l] - max);
+            ch[l] = e;
+            sums[l] += e;
+        }
+    }
+    for x in chunks.into_remainder() {
+        let e = exp_f32(*x - max);
+        *x = e;
+        sums[0] += e;
+    }
+    let sum: f32 = sums.iter().sum();
+    let inv = 1.0 / sum;
+    live.iter_mut().for_each(|x| *x *= inv);
+    dead.fill(0.0);
+    max + sum.ln()
+}
+
+/// One row of the backward: `p = exp(s * scale - lse)` from the raw scores in `p`, and
+/// `ds = p (dp - dd) scale` from `dp` in `ds`, over the `n` visible keys; zeros past them.
+fn score_gradient_row(p: &mut [f32], ds: &mut [f32], n: usize, scale: f32, lse: f32, dd: f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected at run time.
+            return unsafe { score_gradient_row_avx512(p, ds, n, scale, lse, dd) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected at run time.
+            return unsafe { score_gradient_row_avx2(p, ds, n, scale, lse, dd) };
+        }
+    }
+    score_gradient_row_generic(p, ds, n, scale, lse, dd)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn score_gradient_row_avx512(
+    p: &mut [f32],
+    ds: &mut [f32],
+    n: usize,
+    scale: f32,
+    lse: f32,
+    dd: f32,
+) {
+    score_gradient_row_generic(p, ds, n, scale, lse, dd)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn score_gradient_row_avx2(
+    p: &mut [f32],
+    ds: &mut [f32],
+    n: usize,
+    scale: f32,
+    lse: f32,
+    dd: f32,
+) {
+    score_gradient_row_generic(p, ds, n, scale, lse, dd)
+}
+
+#[inline(always)]
+fn score_gradient_row_generic(
+    p: &mut [f32],
+    ds: &mut [f32],
+    n: usize,
+    scale: f32,
+    lse: f32,
+    dd: f32,
+) {
+    let (p_live, p_dead) = p.split_at_mut(n);
+    let (d_live, d_dead) = ds.split_at_mut(n);
+    for (pj, dj) in p_live.iter_mut().zip(d_live.iter_mut()) {
+        let e = exp_f32(*pj * scale - lse);
+        *pj = e;
+        *dj = e * (*dj - dd) * scale;
+    }
+    p_dead.fill(0.0);
+    d_dead.fill(0.0);
 }
 
 #[allow(clippy::type_complexity)]
@@ -473,7 +557,7 @@ fn backward(
                 ls,
                 scale,
             };
-            dispatch(|| args.run(dqc, dkc, dvc));
+            args.run(dqc, dkc, dvc);
         });
     (
         FlexTensor::from_data(TensorData::new(dq, [b, hq, t, hd])),

@@ -16,34 +16,47 @@ pub(crate) fn mm(
     m: usize,
     n: usize,
     k: usize,
-    (a, a_rs, a_cs): (&[f32], usize, usize),
-    (b, b_rs, b_cs): (&[f32], usize, usize),
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
     (c, c_rs): (&mut [f32], usize),
     accumulate: bool,
     threads: Threads,
 ) {
-    let last = |rows: usize, cols: usize, rs: usize, cs: usize| {
-        if rows == 0 || cols == 0 {
-            0
-        } else {
-            (rows - 1) * rs + (cols - 1) * cs + 1
-        }
-    };
-    assert!(a.len() >= last(m, k, a_rs, a_cs), "lhs out of bounds");
-    assert!(b.len() >= last(k, n, b_rs, b_cs), "rhs out of bounds");
-    assert!(c.len() >= last(m, n, c_rs, 1), "dst out of bounds");
+    assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
+    // SAFETY: `c` is a distinct `&mut` slice (no aliasing with `a` or `b`) that the assert keeps
+    // every destination index inside.
+    unsafe { mm_raw(m, n, k, a, b, (c.as_mut_ptr(), c_rs), accumulate, threads) }
+}
+
+/// [`mm`] into a raw row-major destination.
+///
+/// # Safety
+/// `c` must be valid for writes (and reads when `accumulate`) of the `m x n` elements at
+/// row stride `c_rs`, and must not overlap `a` or `b`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, a_rs, a_cs): (&[f32], usize, usize),
+    (b, b_rs, b_cs): (&[f32], usize, usize),
+    (c, c_rs): (*mut f32, usize),
+    accumulate: bool,
+    threads: Threads,
+) {
+    assert!(a.len() >= extent(m, k, a_rs, a_cs), "lhs out of bounds");
+    assert!(b.len() >= extent(k, n, b_rs, b_cs), "rhs out of bounds");
     let parallelism = match threads {
         Threads::One => gemm::Parallelism::None,
         Threads::All => gemm::Parallelism::Rayon(0),
     };
-    // SAFETY: the asserts above keep every index the strides reach inside the slices, and `c`
-    // does not alias `a` or `b` (it is a distinct `&mut`).
+    // SAFETY: the asserts keep every operand index inside its slice; the caller vouches for `c`.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             c_rs as isize,
             accumulate,
@@ -60,5 +73,49 @@ pub(crate) fn mm(
             false,
             parallelism,
         );
+    }
+}
+
+/// `a @ b` into a new row-major `[m, n]` buffer (see [`mm`] for the operands). The buffer is
+/// not zeroed first: the product writes every element (`gemm` does not read the destination
+/// when not accumulating), so the allocation costs no pass over memory.
+pub(crate) fn mm_new(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+    threads: Threads,
+) -> Vec<f32> {
+    if k == 0 {
+        return vec![0.0; m * n];
+    }
+    let mut c: Vec<f32> = Vec::with_capacity(m * n);
+    let spare = c.spare_capacity_mut();
+    // SAFETY: `MaybeUninit<f32>` and `f32` have the same layout; `mm_raw` only writes the
+    // `m * n` destination elements (no read: `accumulate` is false), after which all of them are
+    // initialised and the length can cover them.
+    unsafe {
+        mm_raw(
+            m,
+            n,
+            k,
+            a,
+            b,
+            (spare.as_mut_ptr().cast::<f32>(), n),
+            false,
+            threads,
+        );
+        c.set_len(m * n);
+    }
+    c
+}
+
+/// Elements a `rows x cols` operand at these strides spans.
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
     }
 }

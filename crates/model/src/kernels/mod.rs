@@ -6,6 +6,8 @@
 //! - [`row_matmul`]: `x @ w` for a single row `x`, the matrix-vector product of decoding.
 //! - [`decode_attention`]: one query position over the KV cache buffers, in place.
 //! - [`cross_entropy_rows`]: softmax cross-entropy and its gradient coefficient, one pass per row.
+//! - [`linear_rows`]: the projections `x @ W`, one flattened product each way, transposes read
+//!   through strides.
 //! - [`linear_cross_entropy`]: the LM head and that loss fused, in row chunks, with both
 //!   gradients (no `[n, vocab]` tensor).
 //! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`]: training
@@ -16,6 +18,7 @@ mod attention;
 mod cross_entropy;
 mod decode_attention;
 pub mod exp;
+mod linear;
 mod linear_cross_entropy;
 mod matvec;
 mod mm;
@@ -24,6 +27,7 @@ mod swiglu;
 
 pub use attention::causal_attention;
 pub use cross_entropy::cross_entropy_rows;
+pub use linear::linear_rows;
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use rms_norm::rms_norm;
 pub use swiglu::swiglu;

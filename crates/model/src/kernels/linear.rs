@@ -1,0 +1,214 @@
+//! `x @ W` of the projections, with a hand-written backward.
+//!
+//! Burn's `linear` on a `[b, t, d_in]` input runs a batched matmul against the broadcast weight,
+//! and its backward forms the weight gradient per batch row before summing them; Flex allocates
+//! each product's output zeroed and then copies it into aligned storage. Here the rows are
+//! flattened into one product each way, every product goes straight into its output (not
+//! zeroed first), and the transposed operands of the backward are read through strides:
+//! `dx = dy W^T` and `dW = x^T dy`, the latter only when `W` is trainable (a frozen base weight
+//! under LoRA costs no `dW` product).
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{DType, Tensor, TensorData};
+
+use super::mm::{Threads, mm_new};
+use super::{dense, flex_training};
+
+/// Backends with the fused projection: Flex, and Autodiff over Flex (with its backward).
+#[backend_extension(Flex, Autodiff)]
+pub trait FusedLinear: Backend {
+    /// `x @ w` for `x: [n, k]`, `w: [k, m]` -> `[n, m]`.
+    fn linear_rows(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+impl FusedLinear for Flex {
+    fn linear_rows(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        product(&x, &w)
+    }
+}
+
+impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
+    fn linear_rows(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct LinearBackward;
+
+        impl Backward<Flex, 2> for LinearBackward {
+            /// `x` when `w` needs its gradient, `w` when `x` does.
+            type State = (Option<FlexTensor>, Option<FlexTensor>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_w] = ops.parents;
+                let dy = dense(&grads.consume::<Flex>(&ops.node));
+                let (x, w) = ops.state;
+                if let (Some(node), Some(w)) = (node_x, w) {
+                    grads.register::<Flex>(node.id, input_gradient(&dy, &w));
+                }
+                if let (Some(node), Some(x)) = (node_w, x) {
+                    grads.register::<Flex>(node.id, weight_gradient(&x, &dy));
+                }
+            }
+        }
+
+        let (keep_x, keep_w) = (w.is_tracked(), x.is_tracked());
+        match LinearBackward
+            .prepare::<C>([x.node(), w.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (xp, wp) = (dense(x.primitive()), dense(w.primitive()));
+                let y = product(&xp, &wp);
+                prep.finish((keep_x.then_some(xp), keep_w.then_some(wp)), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(product(x.primitive(), w.primitive())),
+        }
+    }
+}
+
+/// `x @ w` over the last axis of `x` through the fused projection on Flex (autodiff or not) in
+/// f32; `None` elsewhere, for Burn's `linear`.
+///
+/// # Shapes
+/// - `x`: `[..., k]`, `w`: `[k, m]` -> `[..., m]`
+pub fn linear_rows<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tensor<D>> {
+    let dims = x.dims();
+    let [k, m] = w.dims();
+    if !flex_training(&x.device())
+        || x.dtype() != DType::F32
+        || w.dtype() != DType::F32
+        || dims[D - 1] != k
+    {
+        return None;
+    }
+    let n: usize = dims[..D - 1].iter().product();
+    let y = Tensor::<2>::from_dispatch(<Dispatch as FusedLinear>::linear_rows(
+        x.clone().reshape([n, k]).into_dispatch(),
+        w.clone().into_dispatch(),
+    ));
+    let mut out = dims;
+    out[D - 1] = m;
+    Some(y.reshape(out))
+}
+
+/// `[n, k] @ [k, m]`.
+fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
+    let (x, w) = (dense(x), dense(w));
+    let (n, k, m) = (
+        x.layout().shape()[0],
+        w.layout().shape()[0],
+        w.layout().shape()[1],
+    );
+    let y = mm_new(
+        n,
+        m,
+        k,
+        (x.storage::<f32>(), k, 1),
+        (w.storage::<f32>(), m, 1),
+        Threads::All,
+    );
+    FlexTensor::from_data(TensorData::new(y, [n, m]))
+}
+
+/// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides.
+fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
+    let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
+    let k = w.layout().shape()[0];
+    let dx = mm_new(
+        n,
+        k,
+        m,
+        (dy.storage::<f32>(), m, 1),
+        (w.storage::<f32>(), 1, m),
+        Threads::All,
+    );
+    FlexTensor::from_data(TensorData::new(dx, [n, k]))
+}
+
+/// `dw = x^T @ dy`: `[k, n] @ [n, m]`, `x^T` read through strides.
+fn weight_gradient(x: &FlexTensor, dy: &FlexTensor) -> FlexTensor {
+    let (n, k) = (x.layout().shape()[0], x.layout().shape()[1]);
+    let m = dy.layout().shape()[1];
+    let dw = mm_new(
+        k,
+        m,
+        n,
+        (x.storage::<f32>(), 1, k),
+        (dy.storage::<f32>(), m, 1),
+        Threads::All,
+    );
+    FlexTensor::from_data(TensorData::new(dw, [k, m]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, Distribution};
+
+    /// Values and both gradients against Burn's `linear`, 2-D and 3-D inputs.
+    #[test]
+    fn fused_linear_matches_burn_linear() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        for (b, t, k, m) in [(2, 5, 7, 3), (8, 64, 96, 40), (1, 300, 33, 65)] {
+            let x = Tensor::<3>::random([b, t, k], normal, &device).require_grad();
+            let w = Tensor::<2>::random([k, m], normal, &device).require_grad();
+            let dy = Tensor::<3>::random([b, t, m], normal, &device);
+            let fused = linear_rows(&x, &w).expect("flex autodiff takes the kernel");
+            let reference = burn::tensor::module::linear(x.clone(), w.clone(), None);
+            let value = (fused.clone() - reference.clone())
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            assert!(
+                value <= 1e-5 * (k as f32).sqrt(),
+                "{b}x{t}x{k}x{m}: values differ by {value}"
+            );
+            let ga = (fused * dy.clone()).sum().backward();
+            let gb = (reference * dy).sum().backward();
+            for (name, grad_a, grad_b) in [
+                (
+                    "x",
+                    x.grad(&ga).unwrap().reshape([b * t, k]),
+                    x.grad(&gb).unwrap().reshape([b * t, k]),
+                ),
+                ("w", w.grad(&ga).unwrap(), w.grad(&gb).unwrap()),
+            ] {
+                let scale = grad_b.clone().abs().max().into_scalar::<f32>();
+                let diff = (grad_a - grad_b).abs().max().into_scalar::<f32>();
+                assert!(
+                    diff <= 1e-5 * scale.max(1.0),
+                    "{b}x{t}x{k}x{m} d{name}: {diff}"
+                );
+            }
+        }
+    }
+
+    /// A frozen weight gets no gradient; the input's is still formed.
+    #[test]
+    fn a_frozen_weight_gets_no_gradient() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<2>::random([4, 6], normal, &device).require_grad();
+        let w = Tensor::<2>::random([6, 5], normal, &device);
+        let grads = linear_rows(&x, &w).unwrap().sum().backward();
+        assert!(w.grad(&grads).is_none());
+        let expected = w.clone().sum_dim(1).reshape([1, 6]).expand([4, 6]);
+        let diff = (x.grad(&grads).unwrap() - expected)
+            .abs()
+            .max()
+            .into_scalar::<f32>();
+        assert!(diff <= 1e-5, "input gradient differs by {diff}");
+    }
+}
