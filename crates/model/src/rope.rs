@@ -187,7 +187,12 @@ impl RopeTables {
     /// # Shapes
     /// - `x`: `[b, heads, t, head_dim]` -> same
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        let [_, _, _, dim] = x.dims();
+        let [_, _, t, dim] = x.dims();
+        // Flex: one pass each way through the strided input (crate::kernels::rope).
+        let table = |m: &Tensor<4>| m.clone().reshape([t, dim]);
+        if let Some(y) = crate::kernels::rope(&x, &table(&self.cos), &table(&self.sin)) {
+            return y;
+        }
         let half = dim / 2;
         // rotate_half(x) = cat(-x[.., half:], x[.., :half])
         let x1 = x.clone().narrow(3, 0, half);

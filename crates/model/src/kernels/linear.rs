@@ -1,5 +1,8 @@
 //! `x @ W` of the projections, with a hand-written backward.
 //!
+//! Inputs are read in place when contiguous at any offset: the row groups the MoE layer narrows
+//! out of its gathered tokens cost no copy.
+//!
 //! Burn's `linear` on a `[b, t, d_in]` input runs a batched matmul against the broadcast weight,
 //! and its backward forms the weight gradient per batch row before summing them; Flex allocates
 //! each product's output zeroed and then copies it into aligned storage. Here the rows are
@@ -19,7 +22,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 
 use super::mm::{Threads, mm_new};
-use super::{dense, flex_training};
+use super::{Elements, flex_training};
 
 /// Backends with the fused projection: Flex, and Autodiff over Flex (with its backward).
 #[backend_extension(Flex, Autodiff)]
@@ -50,7 +53,7 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
                 _checkpointer: &mut Checkpointer,
             ) {
                 let [node_x, node_w] = ops.parents;
-                let dy = dense(&grads.consume::<Flex>(&ops.node));
+                let dy = grads.consume::<Flex>(&ops.node);
                 let (x, w) = ops.state;
                 if let (Some(node), Some(w)) = (node_x, w) {
                     grads.register::<Flex>(node.id, input_gradient(&dy, &w));
@@ -68,7 +71,7 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (xp, wp) = (dense(x.primitive()), dense(w.primitive()));
+                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
                 let y = product(&xp, &wp);
                 prep.finish((keep_x.then_some(xp), keep_w.then_some(wp)), y)
             }
@@ -104,20 +107,13 @@ pub fn linear_rows<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tenso
 
 /// `[n, k] @ [k, m]`.
 fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
-    let (x, w) = (dense(x), dense(w));
     let (n, k, m) = (
         x.layout().shape()[0],
         w.layout().shape()[0],
         w.layout().shape()[1],
     );
-    let y = mm_new(
-        n,
-        m,
-        k,
-        (x.storage::<f32>(), k, 1),
-        (w.storage::<f32>(), m, 1),
-        Threads::All,
-    );
+    let (x, w) = (Elements::of(x), Elements::of(w));
+    let y = mm_new(n, m, k, (x.f32(), k, 1), (w.f32(), m, 1), Threads::All);
     FlexTensor::from_data(TensorData::new(y, [n, m]))
 }
 
@@ -125,14 +121,8 @@ fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
 fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
     let k = w.layout().shape()[0];
-    let dx = mm_new(
-        n,
-        k,
-        m,
-        (dy.storage::<f32>(), m, 1),
-        (w.storage::<f32>(), 1, m),
-        Threads::All,
-    );
+    let (dy, w) = (Elements::of(dy), Elements::of(w));
+    let dx = mm_new(n, k, m, (dy.f32(), m, 1), (w.f32(), 1, m), Threads::All);
     FlexTensor::from_data(TensorData::new(dx, [n, k]))
 }
 
@@ -140,14 +130,8 @@ fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
 fn weight_gradient(x: &FlexTensor, dy: &FlexTensor) -> FlexTensor {
     let (n, k) = (x.layout().shape()[0], x.layout().shape()[1]);
     let m = dy.layout().shape()[1];
-    let dw = mm_new(
-        k,
-        m,
-        n,
-        (x.storage::<f32>(), 1, k),
-        (dy.storage::<f32>(), m, 1),
-        Threads::All,
-    );
+    let (x, dy) = (Elements::of(x), Elements::of(dy));
+    let dw = mm_new(k, m, n, (x.f32(), 1, k), (dy.f32(), m, 1), Threads::All);
     FlexTensor::from_data(TensorData::new(dw, [k, m]))
 }
 

@@ -10,7 +10,7 @@
 //!   through strides.
 //! - [`linear_cross_entropy`]: the LM head and that loss fused, in row chunks, with both
 //!   gradients (no `[n, vocab]` tensor).
-//! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`]: training
+//! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`], [`rope`]: training
 //!   ops with a hand-written backward (Autodiff over Flex).
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
 
@@ -23,6 +23,7 @@ mod linear_cross_entropy;
 mod matvec;
 mod mm;
 mod rms_norm;
+mod rope;
 mod swiglu;
 
 pub use attention::causal_attention;
@@ -30,6 +31,7 @@ pub use cross_entropy::cross_entropy_rows;
 pub use linear::linear_rows;
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use rms_norm::rms_norm;
+pub use rope::rope;
 pub use swiglu::swiglu;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -99,5 +101,30 @@ pub(crate) fn dense(t: &burn::backend::flex::FlexTensor) -> burn::backend::flex:
         t.clone()
     } else {
         t.to_contiguous()
+    }
+}
+
+/// A tensor's elements in row-major order as one slice: a view of its buffer when it is
+/// contiguous at any offset (a `narrow` along the first axis, say), else of a contiguous copy.
+pub(crate) struct Elements {
+    tensor: burn::backend::flex::FlexTensor,
+    range: std::ops::Range<usize>,
+}
+
+impl Elements {
+    pub(crate) fn of(t: &burn::backend::flex::FlexTensor) -> Self {
+        let tensor = if t.is_contiguous() {
+            t.clone()
+        } else {
+            t.to_contiguous()
+        };
+        let start = tensor.layout().start_offset();
+        let range = start..start + tensor.layout().num_elements();
+        Self { tensor, range }
+    }
+
+    /// The f32 elements.
+    pub(crate) fn f32(&self) -> &[f32] {
+        &self.tensor.storage::<f32>()[self.range.clone()]
     }
 }
