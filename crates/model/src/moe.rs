@@ -14,6 +14,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::config::{BalanceLoss, MoeConfig, Qwen3Config};
+use crate::kernels::{flex_training, moe_experts};
 use crate::mlp::{Mlp, linear};
 use crate::projection::project;
 
@@ -95,11 +96,19 @@ impl SparseMoe {
 
         // 2. Group the n*k (token, slot) pairs by expert: one read of n*k ids, counting sort.
         let ids: Vec<i64> = indices
+            .clone()
             .try_into_vec_as::<i64>()
             .expect("router indices are readable");
         let mut counts = vec![0usize; e];
         for &id in &ids {
             counts[id as usize] += 1;
+        }
+        if let Some(y) = self.fused_experts(&x, &weights, &indices) {
+            let router = RouterOutput {
+                logits,
+                expert_counts: counts,
+            };
+            return (y.reshape([b, t, h]), router);
         }
         let mut next = Vec::with_capacity(e);
         let mut acc = 0;
@@ -144,6 +153,41 @@ impl SparseMoe {
                 logits,
                 expert_counts: counts,
             },
+        )
+    }
+}
+
+impl SparseMoe {
+    /// The experts through the fused Flex kernel ([`moe_experts`]), which takes the expert
+    /// matrices stacked; `None` on other devices or when an expert projection carries a LoRA
+    /// adapter or a bias.
+    fn fused_experts(
+        &self,
+        x: &Tensor<2>,
+        weights: &Tensor<2>,
+        indices: &Tensor<2, Int>,
+    ) -> Option<Tensor<2>> {
+        let plain = |l: &Linear| l.weight.adapter().is_none() && l.bias.is_none();
+        let all_plain = self
+            .experts
+            .iter()
+            .all(|m| plain(&m.gate_proj) && plain(&m.up_proj) && plain(&m.down_proj));
+        if !all_plain || !flex_training(&x.device()) {
+            return None;
+        }
+        let stack = |pick: fn(&Mlp) -> &Linear| {
+            Tensor::stack::<3>(
+                self.experts.iter().map(|m| pick(m).weight.val()).collect(),
+                0,
+            )
+        };
+        moe_experts(
+            x,
+            &stack(|m| &m.gate_proj),
+            &stack(|m| &m.up_proj),
+            &stack(|m| &m.down_proj),
+            weights,
+            indices,
         )
     }
 }

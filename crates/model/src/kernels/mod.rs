@@ -10,6 +10,8 @@
 //!   through strides.
 //! - [`linear_cross_entropy`]: the LM head and that loss fused, in row chunks, with both
 //!   gradients (no `[n, vocab]` tensor).
+//! - [`moe_experts`]: a MoE layer's gather, expert SwiGLU products and weighted scatter as one
+//!   graph node, experts spread over the threads.
 //! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`], [`rope`]: training
 //!   ops with a hand-written backward (Autodiff over Flex).
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
@@ -22,6 +24,7 @@ mod linear;
 mod linear_cross_entropy;
 mod matvec;
 mod mm;
+mod moe_experts;
 mod rms_norm;
 mod rope;
 mod swiglu;
@@ -30,6 +33,7 @@ pub use attention::causal_attention;
 pub use cross_entropy::cross_entropy_rows;
 pub use linear::linear_rows;
 pub use linear_cross_entropy::linear_cross_entropy;
+pub use moe_experts::moe_experts;
 pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use swiglu::swiglu;

@@ -130,7 +130,7 @@ fn backward(dy: &FlexTensor, g: &FlexTensor, u: &FlexTensor) -> (FlexTensor, Fle
     )
 }
 
-fn kernel_forward(g: &[f32], u: &[f32], y: &mut [f32]) {
+pub(super) fn kernel_forward(g: &[f32], u: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was detected at run time.
@@ -152,7 +152,7 @@ fn forward_generic(g: &[f32], u: &[f32], y: &mut [f32]) {
     }
 }
 
-fn kernel_backward(dy: &[f32], g: &[f32], u: &[f32], dg: &mut [f32], du: &mut [f32]) {
+pub(super) fn kernel_backward(dy: &[f32], g: &[f32], u: &[f32], dg: &mut [f32], du: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was detected at run time.
