@@ -2,10 +2,14 @@
 //! update half of a step (AdamW plus the aux-loss-free routing-bias move).
 
 use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
-use burn::tensor::{Tensor, TensorData};
+use burn::optim::{
+    AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, GradientsParams, ModuleOptimizer,
+    Optimizer,
+};
+use burn::tensor::{Device, Tensor, TensorData};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::block::FeedForward;
+use qwen_burn_model::kernels::{AdamWStep, adamw_update};
 
 use crate::config::OptimizerConfig;
 use crate::error::{Result, TrainError};
@@ -45,22 +49,99 @@ pub fn trainable_params<M: Module>(model: &M) -> usize {
 /// 1e-4) are never used: every value comes from the config. Clipping is done separately
 /// ([`clip_global_norm`]) because Burn's `GradientClipping::Norm` clips each tensor alone.
 pub fn build_optimizer<M: Module>(model: &M, cfg: &OptimizerConfig) -> ModuleOptimizer {
-    let adamw = |weight_decay: f64| {
-        AdamWConfig::new()
-            .with_beta_1(cfg.beta1 as f32)
-            .with_beta_2(cfg.beta2 as f32)
-            .with_epsilon(cfg.eps as f32)
-            .with_weight_decay(weight_decay as f32)
-    };
+    let adamw = |weight_decay: f64| FusedAdamW::new(cfg, weight_decay);
     let mut ids = RankIds {
         vectors: Vec::new(),
     };
     model.visit(&mut ids);
-    adamw(cfg.weight_decay).init().with_group(
+    ModuleOptimizer::from(adamw(cfg.weight_decay)).with_group(
         ParamGroup::from_ids(ids.vectors),
-        adamw(0.0).build(),
+        adamw(0.0),
         None,
     )
+}
+
+/// AdamW whose per-parameter update is one fused in-place pass on Flex
+/// ([`qwen_burn_model::kernels::adamw_update`], bit-identical to Burn's `AdamW`), and Burn's
+/// `AdamW` itself elsewhere (other devices, `training.fused_kernels = false`). The state is
+/// Burn's `AdamWState`, so optimizer records are the same either way.
+#[derive(Clone)]
+pub struct FusedAdamW {
+    burn: AdamW,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    weight_decay: f32,
+}
+
+impl FusedAdamW {
+    /// From the run's optimizer settings, with this group's weight decay.
+    pub fn new(cfg: &OptimizerConfig, weight_decay: f64) -> Self {
+        let (beta_1, beta_2, epsilon, weight_decay) = (
+            cfg.beta1 as f32,
+            cfg.beta2 as f32,
+            cfg.eps as f32,
+            weight_decay as f32,
+        );
+        let burn = AdamWConfig::new()
+            .with_beta_1(beta_1)
+            .with_beta_2(beta_2)
+            .with_epsilon(epsilon)
+            .with_weight_decay(weight_decay)
+            .build();
+        Self {
+            burn,
+            beta_1,
+            beta_2,
+            epsilon,
+            weight_decay,
+        }
+    }
+}
+
+impl Optimizer for FusedAdamW {
+    type State<const D: usize> = AdamWState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: f64,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let time = state.as_ref().map_or(1, |s| s.momentum.time + 1);
+        let amsgrad = state
+            .as_ref()
+            .is_some_and(|s| s.momentum.max_moment_2.is_some());
+        if amsgrad {
+            return self.burn.step(lr, tensor, grad, state);
+        }
+        let moments = state.map(|s| (s.momentum.moment_1, s.momentum.moment_2));
+        let step = AdamWStep {
+            lr,
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+            weight_decay: self.weight_decay,
+            time,
+        };
+        match adamw_update(tensor, grad, moments, step) {
+            Ok((param, m, v)) => {
+                let momentum = AdaptiveMomentumState::new(time, m, v);
+                (param, Some(AdamWState::new(momentum)))
+            }
+            Err(inputs) => {
+                let state = inputs
+                    .moments
+                    .map(|(m, v)| AdamWState::new(AdaptiveMomentumState::new(time - 1, m, v)));
+                self.burn.step(lr, inputs.param, inputs.grad, state)
+            }
+        }
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        AdamW::to_device(state, device)
+    }
 }
 
 struct SquaredNorm<'a> {
@@ -207,6 +288,76 @@ mod tests {
     use burn::tensor::Device;
     use qwen_burn_model::Qwen3Config;
     use serde_json::json;
+
+    /// The fused AdamW update (taken on Flex) gives bit-identical parameters and moments to
+    /// Burn's `AdamW` over several steps, with and without weight decay, including the first
+    /// step (no moments yet).
+    #[test]
+    fn fused_adamw_is_bit_identical_to_burns_adamw() {
+        use burn::tensor::Distribution;
+        let device = Device::flex();
+        let cfg = OptimizerConfig {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+        };
+        for weight_decay in [0.1, 0.0] {
+            let fused = FusedAdamW::new(&cfg, weight_decay);
+            let burn = fused.burn.clone();
+            let mut p_fused =
+                Tensor::<2>::random([37, 300], Distribution::Normal(0.0, 0.5), &device);
+            let mut p_burn = p_fused.clone();
+            let (mut s_fused, mut s_burn) = (None, None);
+            for step in 0..5 {
+                let lr = cfg.lr * (1.0 + step as f64) / 5.0;
+                let g = Tensor::<2>::random([37, 300], Distribution::Normal(0.0, 1e-2), &device);
+                // The kernel path, not the fallback, is what runs here.
+                let moments = s_fused.as_ref().map(|s: &AdamWState<2>| {
+                    (s.momentum.moment_1.clone(), s.momentum.moment_2.clone())
+                });
+                let probe = AdamWStep {
+                    lr,
+                    beta_1: 0.9,
+                    beta_2: 0.95,
+                    epsilon: 1e-8,
+                    weight_decay: weight_decay as f32,
+                    time: step + 1,
+                };
+                assert!(adamw_update(p_fused.clone(), g.clone(), moments, probe).is_ok());
+                let (p, s) = fused.step(lr, p_fused, g.clone(), s_fused);
+                (p_fused, s_fused) = (p, s);
+                let (p, s) = burn.step(lr, p_burn, g, s_burn);
+                (p_burn, s_burn) = (p, s);
+                let bits = |t: &Tensor<2>| -> Vec<u32> {
+                    t.clone()
+                        .into_data()
+                        .iter::<f32>()
+                        .map(f32::to_bits)
+                        .collect()
+                };
+                let (a, b) = (s_fused.as_ref().unwrap(), s_burn.as_ref().unwrap());
+                assert_eq!(a.momentum.time, b.momentum.time);
+                assert_eq!(
+                    bits(&p_fused),
+                    bits(&p_burn),
+                    "wd {weight_decay} step {step}: parameters"
+                );
+                assert_eq!(
+                    bits(&a.momentum.moment_1),
+                    bits(&b.momentum.moment_1),
+                    "moment 1"
+                );
+                assert_eq!(
+                    bits(&a.momentum.moment_2),
+                    bits(&b.momentum.moment_2),
+                    "moment 2"
+                );
+            }
+        }
+    }
 
     /// The aux-loss-free update moves each expert's bias against its load: up for experts below
     /// the mean load, down above it, unchanged at the mean.

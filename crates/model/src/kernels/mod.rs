@@ -14,8 +14,11 @@
 //!   graph node, experts spread over the threads.
 //! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`], [`rope`]: training
 //!   ops with a hand-written backward (Autodiff over Flex).
+//! - [`adamw_update`]: one AdamW update of a parameter in one in-place pass, bit-identical to
+//!   Burn's `AdamW`.
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
 
+mod adamw;
 mod attention;
 mod cross_entropy;
 mod decode_attention;
@@ -29,6 +32,7 @@ mod rms_norm;
 mod rope;
 mod swiglu;
 
+pub use adamw::{AdamWInputs, AdamWStep, adamw_update};
 pub use attention::causal_attention;
 pub use cross_entropy::cross_entropy_rows;
 pub use linear::linear_rows;
