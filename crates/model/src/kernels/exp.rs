@@ -18,7 +18,8 @@ pub fn exp_f32(x: f32) -> f32 {
     // Round to nearest by adding and subtracting 1.5 * 2^23 (exact for |x log2 e| < 2^22):
     // plain float arithmetic, so it vectorises without SSE4.1's `roundps` and never calls libm.
     const SHIFTER: f32 = 12_582_912.0;
-    let n = (x * LOG2E + SHIFTER) - SHIFTER;
+    let shifted = x * LOG2E + SHIFTER;
+    let n = shifted - SHIFTER;
     let r = x - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let p = 1.987_569_1e-4_f32;
@@ -28,7 +29,11 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = p * r + 1.666_666_6e-1;
     let p = p * r + 0.5;
     let e = p * r2 + r + 1.0;
-    let bits = ((n as i32 + 127) as u32) << 23;
+    // The integer n sits in the low mantissa bits of `shifted` (its ulp is 1): reading it from
+    // the bits avoids a float-to-int conversion, which Rust saturates and LLVM then leaves
+    // scalar (a `vcvttss2si` with NaN checks per element).
+    let n_int = shifted.to_bits().wrapping_sub(SHIFTER.to_bits());
+    let bits = n_int.wrapping_add(127) << 23;
     e * f32::from_bits(bits)
 }
 
