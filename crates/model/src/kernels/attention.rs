@@ -196,7 +196,20 @@ impl Dims {
     fn visible(&self, i: usize) -> usize {
         self.s - self.t + i + 1
     }
+
+    /// The query rows in blocks of [`QUERY_BLOCK`]: `(first row, rows, keys visible to the
+    /// block's last row)`. Products stop at those keys, so the causal upper triangle costs only
+    /// its part inside each block's diagonal tile.
+    fn query_blocks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.t).step_by(QUERY_BLOCK).map(|r0| {
+            let rows = QUERY_BLOCK.min(self.t - r0);
+            (r0, rows, self.visible(r0 + rows - 1))
+        })
+    }
 }
+
+/// Query rows per block: one height of the `gemm` micro-kernel (4 AVX-512 registers of 16).
+const QUERY_BLOCK: usize = 64;
 
 fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexTensor, FlexTensor) {
     let (q, k, v) = (dense(q), dense(k), dense(v));
@@ -244,36 +257,41 @@ impl ForwardTask<'_> {
         let group = self.dm.group();
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
-        let mut p = vec![0.0f32; t * s];
+        let mut p = vec![0.0f32; QUERY_BLOCK.min(t) * s];
         for g in 0..group {
             let h = kh * group + g;
             let q = &self.qs[(bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd];
-            // S = Q K^T, then each row's causal softmax in place (P), keeping its log-sum-exp.
-            mm(
-                t,
-                s,
-                hd,
-                (q, hd, 1),
-                (k, 1, hd),
-                (&mut p, s),
-                false,
-                Threads::One,
-            );
-            for i in 0..t {
-                let row = &mut p[i * s..(i + 1) * s];
-                l[g * t + i] = softmax_row(row, self.dm.visible(i), self.scale);
+            for (r0, rows, keys) in self.dm.query_blocks() {
+                // S = Q K^T over the block's visible keys, then each row's causal softmax in
+                // place (P), keeping its log-sum-exp.
+                let qb = &q[r0 * hd..(r0 + rows) * hd];
+                mm(
+                    rows,
+                    keys,
+                    hd,
+                    (qb, hd, 1),
+                    (k, 1, hd),
+                    (&mut p, s),
+                    false,
+                    Threads::One,
+                );
+                for i in 0..rows {
+                    let row = &mut p[i * s..i * s + keys];
+                    l[g * t + r0 + i] = softmax_row(row, self.dm.visible(r0 + i), self.scale);
+                }
+                // O = P V.
+                let ob = &mut o[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
+                mm(
+                    rows,
+                    hd,
+                    keys,
+                    (&p, s, 1),
+                    (v, hd, 1),
+                    (ob, hd),
+                    false,
+                    Threads::One,
+                );
             }
-            // O = P V.
-            mm(
-                t,
-                hd,
-                s,
-                (&p, s, 1),
-                (v, hd, 1),
-                (&mut o[g * t * hd..(g + 1) * t * hd], hd),
-                false,
-                Threads::One,
-            );
         }
     }
 }
@@ -300,8 +318,8 @@ impl BackwardTask<'_> {
         let scale = self.scale;
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
-        let mut p = vec![0.0f32; t * s];
-        let mut ds = vec![0.0f32; t * s];
+        let mut p = vec![0.0f32; QUERY_BLOCK.min(t) * s];
+        let mut ds = vec![0.0f32; QUERY_BLOCK.min(t) * s];
         for g in 0..group {
             let h = kh * group + g;
             let span = (bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd;
@@ -310,69 +328,73 @@ impl BackwardTask<'_> {
                 &self.os[span.clone()],
                 &self.dos[span],
             );
-            // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
-            mm(
-                t,
-                s,
-                hd,
-                (q, hd, 1),
-                (k, 1, hd),
-                (&mut p, s),
-                false,
-                Threads::One,
-            );
-            mm(
-                t,
-                s,
-                hd,
-                (d_o, hd, 1),
-                (v, 1, hd),
-                (&mut ds, s),
-                false,
-                Threads::One,
-            );
-            for i in 0..t {
-                let n = self.dm.visible(i);
-                let lse = self.ls[(bi * hq + h) * t + i];
-                let dd: f32 = d_o[i * hd..(i + 1) * hd]
-                    .iter()
-                    .zip(&o[i * hd..(i + 1) * hd])
-                    .map(|(a, c)| a * c)
-                    .sum();
-                let (pr, dr) = (&mut p[i * s..(i + 1) * s], &mut ds[i * s..(i + 1) * s]);
-                score_gradient_row(pr, dr, n, scale, lse, dd);
+            for (r0, rows, keys) in self.dm.query_blocks() {
+                let block = r0 * hd..(r0 + rows) * hd;
+                let (qb, ob, dob) = (&q[block.clone()], &o[block.clone()], &d_o[block]);
+                // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
+                mm(
+                    rows,
+                    keys,
+                    hd,
+                    (qb, hd, 1),
+                    (k, 1, hd),
+                    (&mut p, s),
+                    false,
+                    Threads::One,
+                );
+                mm(
+                    rows,
+                    keys,
+                    hd,
+                    (dob, hd, 1),
+                    (v, 1, hd),
+                    (&mut ds, s),
+                    false,
+                    Threads::One,
+                );
+                for i in 0..rows {
+                    let n = self.dm.visible(r0 + i);
+                    let lse = self.ls[(bi * hq + h) * t + r0 + i];
+                    let dd: f32 = dob[i * hd..(i + 1) * hd]
+                        .iter()
+                        .zip(&ob[i * hd..(i + 1) * hd])
+                        .map(|(a, c)| a * c)
+                        .sum();
+                    let (pr, dr) = (&mut p[i * s..i * s + keys], &mut ds[i * s..i * s + keys]);
+                    score_gradient_row(pr, dr, n, scale, lse, dd);
+                }
+                // dQ = dS K; dK += dS^T Q; dV += P^T dO (over the block's visible keys).
+                mm(
+                    rows,
+                    hd,
+                    keys,
+                    (&ds, s, 1),
+                    (k, hd, 1),
+                    (&mut dqc[(g * t + r0) * hd..(g * t + r0 + rows) * hd], hd),
+                    false,
+                    Threads::One,
+                );
+                mm(
+                    keys,
+                    hd,
+                    rows,
+                    (&ds, 1, s),
+                    (qb, hd, 1),
+                    (dkc, hd),
+                    true,
+                    Threads::One,
+                );
+                mm(
+                    keys,
+                    hd,
+                    rows,
+                    (&p, 1, s),
+                    (dob, hd, 1),
+                    (dvc, hd),
+                    true,
+                    Threads::One,
+                );
             }
-            // dQ = dS K; dK += dS^T Q; dV += P^T dO.
-            mm(
-                t,
-                hd,
-                s,
-                (&ds, s, 1),
-                (k, hd, 1),
-                (&mut dqc[g * t * hd..(g + 1) * t * hd], hd),
-                false,
-                Threads::One,
-            );
-            mm(
-                s,
-                hd,
-                t,
-                (&ds, 1, s),
-                (q, hd, 1),
-                (dkc, hd),
-                true,
-                Threads::One,
-            );
-            mm(
-                s,
-                hd,
-                t,
-                (&p, 1, s),
-                (d_o, hd, 1),
-                (dvc, hd),
-                true,
-                Threads::One,
-            );
         }
     }
 }
@@ -413,35 +435,44 @@ unsafe fn softmax_row_avx2(row: &mut [f32], n: usize, scale: f32) -> f32 {
 #[inline(always)]
 fn softmax_row_generic(row: &mut [f32], n: usize, scale: f32) -> f32 {
     let (live, dead) = row.split_at_mut(n);
+    let body = n - n % LANES;
+    // The last partial chunk runs as one more full chunk in a padded copy (a scalar tail loop
+    // would cost as much as the rest of a short row): -inf scores, masked out of the sum.
+    let mut tail = [f32::NEG_INFINITY; LANES];
+    let valid = live.len() - body;
+    tail[..valid].copy_from_slice(&live[body..]);
     let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = live.chunks_exact_mut(LANES);
-    for ch in &mut chunks {
+    for ch in live[..body].chunks_exact_mut(LANES) {
         for l in 0..LANES {
             ch[l] *= scale;
             lanes[l] = lanes[l].max(ch[l]);
         }
     }
-    for x in chunks.into_remainder() {
-        *x *= scale;
-        lanes[0] = lanes[0].max(*x);
+    for l in 0..LANES {
+        tail[l] *= scale;
+        lanes[l] = lanes[l].max(tail[l]);
     }
     let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sums = [0.0f32; LANES];
-    let mut chunks = live.chunks_exact_mut(LANES);
-    for ch in &mut chunks {
+    for ch in live[..body].chunks_exact_mut(LANES) {
         for l in 0..LANES {
             let e = exp_f32(ch[l] - max);
             ch[l] = e;
             sums[l] += e;
         }
     }
-    for x in chunks.into_remainder() {
-        let e = exp_f32(*x - max);
-        *x = e;
-        sums[0] += e;
+    for l in 0..LANES {
+        let e = if l < valid {
+            exp_f32(tail[l] - max)
+        } else {
+            0.0
+        };
+        tail[l] = e;
+        sums[l] += e;
     }
     let sum: f32 = sums.iter().sum();
     let inv = 1.0 / sum;
+    live[body..].copy_from_slice(&tail[..valid]);
     live.iter_mut().for_each(|x| *x *= inv);
     dead.fill(0.0);
     max + sum.ln()
@@ -502,11 +533,30 @@ fn score_gradient_row_generic(
 ) {
     let (p_live, p_dead) = p.split_at_mut(n);
     let (d_live, d_dead) = ds.split_at_mut(n);
-    for (pj, dj) in p_live.iter_mut().zip(d_live.iter_mut()) {
+    let body = n - n % LANES;
+    let step = |pj: &mut f32, dj: &mut f32| {
         let e = exp_f32(*pj * scale - lse);
         *pj = e;
         *dj = e * (*dj - dd) * scale;
+    };
+    for (pc, dc) in p_live[..body]
+        .chunks_exact_mut(LANES)
+        .zip(d_live[..body].chunks_exact_mut(LANES))
+    {
+        for l in 0..LANES {
+            step(&mut pc[l], &mut dc[l]);
+        }
     }
+    // The partial chunk as one full chunk in padded copies (see `softmax_row_generic`).
+    let valid = n - body;
+    let (mut pt, mut dt) = ([0.0f32; LANES], [0.0f32; LANES]);
+    pt[..valid].copy_from_slice(&p_live[body..]);
+    dt[..valid].copy_from_slice(&d_live[body..]);
+    for l in 0..LANES {
+        step(&mut pt[l], &mut dt[l]);
+    }
+    p_live[body..].copy_from_slice(&pt[..valid]);
+    d_live[body..].copy_from_slice(&dt[..valid]);
     p_dead.fill(0.0);
     d_dead.fill(0.0);
 }

@@ -1,0 +1,62 @@
+//! Time of the fused causal attention (forward, and forward + backward) at a training shape,
+//! with the GFLOP/s of the products it needs (causal half only) and of those it runs.
+//!
+//!     cargo run --release -p qwen-burn-model --example attention_kernel -- 8 8 4 256 32
+
+use std::time::Instant;
+
+use burn::tensor::{Device, Distribution, Tensor};
+use qwen_burn_model::kernels::{causal_attention, in_pool};
+
+fn best(f: &dyn Fn()) -> f64 {
+    f();
+    (0..20)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("sizes b hq hkv t hd"))
+        .collect();
+    let [b, hq, hkv, t, hd] = args[..] else {
+        panic!("usage: attention_kernel B HQ HKV T HD");
+    };
+    let device = Device::flex().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let q = Tensor::<4>::random([b, hq, t, hd], normal, &device).require_grad();
+    let k = Tensor::<4>::random([b, hkv, t, hd], normal, &device).require_grad();
+    let v = Tensor::<4>::random([b, hkv, t, hd], normal, &device).require_grad();
+    let scale = (hd as f32).powf(-0.5);
+    let run = |backward: bool| {
+        let out = causal_attention(&q, &k, &v, scale).expect("flex kernel");
+        if backward {
+            let grads = out.sum().backward();
+            let _ = q.grad(&grads);
+        } else {
+            let _ = out.narrow(0, 0, 1).sum().into_scalar::<f32>();
+        }
+    };
+    // One product of a head: 2 t^2 hd flops for the square, about half of it causal.
+    let square = 2.0 * (b * hq * t * t * hd) as f64;
+    let needed = square * (t + 1) as f64 / (2 * t) as f64;
+    in_pool(|| {
+        let fwd = best(&|| run(false));
+        let both = best(&|| run(true));
+        println!(
+            "forward {:.2} ms ({:.0} GFLOP/s causal, {:.0} run); forward+backward {:.2} ms \
+             ({:.0} GFLOP/s causal, {:.0} run)",
+            fwd * 1e3,
+            2.0 * needed / fwd / 1e9,
+            2.0 * square / fwd / 1e9,
+            both * 1e3,
+            7.0 * needed / both / 1e9,
+            7.0 * square / both / 1e9,
+        );
+    });
+}
