@@ -157,10 +157,13 @@ impl SparseMoe {
     }
 }
 
+/// Fewest tokens for which a MoE layer runs its experts through the fused kernel.
+const FUSED_MIN_TOKENS: usize = 64;
+
 impl SparseMoe {
     /// The experts through the fused Flex kernel ([`moe_experts`]), which takes the expert
-    /// matrices stacked; `None` on other devices or when an expert projection carries a LoRA
-    /// adapter or a bias.
+    /// matrices stacked; `None` on other devices, below [`FUSED_MIN_TOKENS`] tokens, or when an
+    /// expert projection carries a LoRA adapter or a bias.
     fn fused_experts(
         &self,
         x: &Tensor<2>,
@@ -172,7 +175,10 @@ impl SparseMoe {
             .experts
             .iter()
             .all(|m| plain(&m.gate_proj) && plain(&m.up_proj) && plain(&m.down_proj));
-        if !all_plain || !flex_training(&x.device()) {
+        // Decoding (a few tokens) keeps the per-expert path, whose single rows go to the
+        // matrix-vector kernel: stacking every expert's weights would cost more than the step.
+        let [n, _] = x.dims();
+        if !all_plain || !flex_training(&x.device()) || n < FUSED_MIN_TOKENS {
             return None;
         }
         let stack = |pick: fn(&Mlp) -> &Linear| {
