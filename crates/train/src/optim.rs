@@ -131,6 +131,7 @@ impl Optimizer for FusedAdamW {
                 (param, Some(AdamWState::new(momentum)))
             }
             Err(inputs) => {
+                let inputs = *inputs;
                 let state = inputs
                     .moments
                     .map(|(m, v)| AdamWState::new(AdaptiveMomentumState::new(time - 1, m, v)));

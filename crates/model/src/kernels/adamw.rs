@@ -69,7 +69,7 @@ pub fn adamw_update<const D: usize>(
     grad: Tensor<D>,
     moments: Option<(Tensor<D>, Tensor<D>)>,
     step: AdamWStep,
-) -> Result<(Tensor<D>, Tensor<D>, Tensor<D>), AdamWInputs<D>> {
+) -> Result<(Tensor<D>, Tensor<D>, Tensor<D>), Box<AdamWInputs<D>>> {
     let f32s = param.dtype() == DType::F32
         && grad.dtype() == DType::F32
         && moments
@@ -80,11 +80,11 @@ pub fn adamw_update<const D: usize>(
         .is_none_or(|(m, v)| m.dims() == param.dims() && v.dims() == param.dims())
         && grad.dims() == param.dims();
     if !flex_training(&param.device()) || param.device().is_autodiff() || !f32s || !shapes {
-        return Err(AdamWInputs {
+        return Err(Box::new(AdamWInputs {
             param,
             grad,
             moments,
-        });
+        }));
     }
     // Before the first step: fresh buffers for the moments (written before any read).
     let (m, v) = moments.unwrap_or_else(|| (param.zeros_like(), param.zeros_like()));
@@ -147,25 +147,83 @@ fn update(
         m.storage_mut::<f32>(),
         v.storage_mut::<f32>(),
     );
+    let k = Constants {
+        first,
+        b1,
+        b2,
+        f1,
+        f2,
+        c1,
+        c2,
+        eps,
+        decay: decay_rate != 0.0,
+        keep,
+        lr,
+    };
     ps.par_chunks_mut(CHUNK)
         .zip(ms.par_chunks_mut(CHUNK))
         .zip(vs.par_chunks_mut(CHUNK))
         .enumerate()
         .for_each(|(c, ((p, m), v))| {
             let g = &gs[c * CHUNK..c * CHUNK + p.len()];
-            for j in 0..p.len() {
-                let gj = g[j];
-                let (mj, vj) = if first {
-                    (gj * f1, (gj * gj) * f2)
-                } else {
-                    (m[j] * b1 + gj * f1, v[j] * b2 + (gj * gj) * f2)
-                };
-                m[j] = mj;
-                v[j] = vj;
-                let delta = (mj / c1) / ((vj / c2).sqrt() + eps);
-                let decayed = if decay_rate == 0.0 { p[j] } else { p[j] * keep };
-                p[j] = decayed - delta * lr;
-            }
+            update_chunk(p, m, v, g, &k);
         });
     (param, m, v)
+}
+
+/// The per-element scalars of one update, as Burn forms them.
+struct Constants {
+    first: bool,
+    b1: f32,
+    b2: f32,
+    f1: f32,
+    f2: f32,
+    c1: f32,
+    c2: f32,
+    eps: f32,
+    decay: bool,
+    keep: f32,
+    lr: f32,
+}
+
+/// One chunk, compiled for AVX-512 when the CPU has it (wider divisions and square roots; the
+/// same IEEE operations in the same order, so the same bits).
+fn update_chunk(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Constants) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was detected at run time.
+        return unsafe { update_chunk_avx512(p, m, v, g, k) };
+    }
+    update_chunk_generic(p, m, v, g, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn update_chunk_avx512(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    k: &Constants,
+) {
+    update_chunk_generic(p, m, v, g, k)
+}
+
+#[inline(always)]
+fn update_chunk_generic(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Constants) {
+    let n = p.len();
+    let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
+    for j in 0..n {
+        let gj = g[j];
+        let (mj, vj) = if k.first {
+            (gj * k.f1, (gj * gj) * k.f2)
+        } else {
+            (m[j] * k.b1 + gj * k.f1, v[j] * k.b2 + (gj * gj) * k.f2)
+        };
+        m[j] = mj;
+        v[j] = vj;
+        let delta = (mj / k.c1) / ((vj / k.c2).sqrt() + k.eps);
+        let decayed = if k.decay { p[j] * k.keep } else { p[j] };
+        p[j] = decayed - delta * k.lr;
+    }
 }
