@@ -5,8 +5,8 @@
 //! - `gather` (every backend): each replica's gradients are moved to the first device and
 //!   summed there; one optimizer step there; the weights are forked back to the replicas next
 //!   step. Burn's "MultiDevice, optimizer on the main device" scheme (`burn-train`
-//!   `ExecutionStrategy::MultiDevice`). `flex,flex` runs two replicas as two threads on one CPU,
-//!   which keeps both cores busy through a small model's single-threaded element-wise ops.
+//!   `ExecutionStrategy::MultiDevice`). `flex,flex` runs two replicas as two threads on one CPU
+//!   (same losses as `flex`; slower than one `flex` now that its kernels use every core).
 //! - `ddp` (CUDA device lists; the default there): the replicas sum their accumulated
 //!   gradients with Burn's collective all-reduce (`burn::tensor::distributed`, NCCL), so every
 //!   replica ends the backward pass with the step's gradient and nothing is gathered through
