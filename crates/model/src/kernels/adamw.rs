@@ -186,27 +186,16 @@ struct Constants {
     lr: f32,
 }
 
-/// One chunk, compiled for AVX-512 when the CPU has it (wider divisions and square roots; the
-/// same IEEE operations in the same order, so the same bits).
-fn update_chunk(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Constants) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was detected at run time.
-        return unsafe { update_chunk_avx512(p, m, v, g, k) };
-    }
-    update_chunk_generic(p, m, v, g, k)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn update_chunk_avx512(
-    p: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[f32],
-    k: &Constants,
-) {
-    update_chunk_generic(p, m, v, g, k)
+simd_dispatch! {
+    /// One chunk, compiled for the CPU's vector width (wider divisions and square roots; the
+    /// same IEEE operations in the same order, so the same bits).
+    fn update_chunk(
+        p: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+        k: &Constants,
+    ) = update_chunk_generic
 }
 
 #[inline(always)]

@@ -402,34 +402,10 @@ impl BackwardTask<'_> {
 /// Independent accumulators of the row reductions (one AVX-512 register), so they vectorise.
 const LANES: usize = 16;
 
-/// `row[..n] = softmax(row[..n] * scale)` in place, `row[n..] = 0`; returns the row's
-/// log-sum-exp of the scaled scores. Compiled for AVX-512 or AVX2 + FMA when the CPU has them.
-fn softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected at run time.
-            return unsafe { softmax_row_avx512(row, n, scale) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the features were detected at run time.
-            return unsafe { softmax_row_avx2(row, n, scale) };
-        }
-    }
-    softmax_row_generic(row, n, scale)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn softmax_row_avx512(row: &mut [f32], n: usize, scale: f32) -> f32 {
-    softmax_row_generic(row, n, scale)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_row_avx2(row: &mut [f32], n: usize, scale: f32) -> f32 {
-    softmax_row_generic(row, n, scale)
+simd_dispatch! {
+    /// `row[..n] = softmax(row[..n] * scale)` in place, `row[n..] = 0`; returns the row's
+    /// log-sum-exp of the scaled scores.
+    fn softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 = softmax_row_generic
 }
 
 #[inline(always)]
@@ -478,48 +454,17 @@ fn softmax_row_generic(row: &mut [f32], n: usize, scale: f32) -> f32 {
     max + sum.ln()
 }
 
-/// One row of the backward: `p = exp(s * scale - lse)` from the raw scores in `p`, and
-/// `ds = p (dp - dd) scale` from `dp` in `ds`, over the `n` visible keys; zeros past them.
-fn score_gradient_row(p: &mut [f32], ds: &mut [f32], n: usize, scale: f32, lse: f32, dd: f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected at run time.
-            return unsafe { score_gradient_row_avx512(p, ds, n, scale, lse, dd) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the features were detected at run time.
-            return unsafe { score_gradient_row_avx2(p, ds, n, scale, lse, dd) };
-        }
-    }
-    score_gradient_row_generic(p, ds, n, scale, lse, dd)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn score_gradient_row_avx512(
-    p: &mut [f32],
-    ds: &mut [f32],
-    n: usize,
-    scale: f32,
-    lse: f32,
-    dd: f32,
-) {
-    score_gradient_row_generic(p, ds, n, scale, lse, dd)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn score_gradient_row_avx2(
-    p: &mut [f32],
-    ds: &mut [f32],
-    n: usize,
-    scale: f32,
-    lse: f32,
-    dd: f32,
-) {
-    score_gradient_row_generic(p, ds, n, scale, lse, dd)
+simd_dispatch! {
+    /// One row of the backward: `p = exp(s * scale - lse)` from the raw scores in `p`, and
+    /// `ds = p (dp - dd) scale` from `dp` in `ds`, over the `n` visible keys; zeros past them.
+    fn score_gradient_row(
+        p: &mut [f32],
+        ds: &mut [f32],
+        n: usize,
+        scale: f32,
+        lse: f32,
+        dd: f32,
+    ) = score_gradient_row_generic
 }
 
 #[inline(always)]

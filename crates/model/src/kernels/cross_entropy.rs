@@ -104,35 +104,12 @@ pub(super) fn targets_i64(y: &FlexTensor) -> Vec<i64> {
     }
 }
 
-/// One row's NLL; with `coefficient`, `z` is overwritten with `softmax(z) - one_hot(target)`
-/// (zeros for an ignored row). `z` is read from and written to cache-resident memory: the max,
-/// then `exp(z - max)` stored in place while summing, then the in-place scale.
-pub(super) fn row_loss(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was detected at run time.
-            return unsafe { row_loss_avx512(z, target, coefficient) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the features were detected at run time.
-            return unsafe { row_loss_avx2(z, target, coefficient) };
-        }
-    }
-    row_loss_generic(z, target, coefficient)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_loss_avx512(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
-    row_loss_generic(z, target, coefficient)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_loss_avx2(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
-    row_loss_generic(z, target, coefficient)
+simd_dispatch! {
+    /// One row's NLL; with `coefficient`, `z` is overwritten with `softmax(z) - one_hot(target)`
+    /// (zeros for an ignored row). `z` is read from and written to cache-resident memory: the max,
+    /// then `exp(z - max)` stored in place while summing, then the in-place scale.
+    pub(super) fn row_loss(z: &mut [f32], target: i64, coefficient: bool) -> f32
+        = row_loss_generic
 }
 
 const LANES: usize = 16;

@@ -12,11 +12,48 @@
 //!   gradients (no `[n, vocab]` tensor).
 //! - [`moe_experts`]: a MoE layer's gather, expert SwiGLU products and weighted scatter as one
 //!   graph node, experts spread over the threads.
-//! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`], [`rope`]: training
-//!   ops with a hand-written backward (Autodiff over Flex).
+//! - [`causal_attention`] (flash-style, GQA without copies), [`rms_norm`], [`swiglu`],
+//!   [`rope`]: training ops with a hand-written backward (Autodiff over Flex).
 //! - [`adamw_update`]: one AdamW update of a parameter in one in-place pass, bit-identical to
 //!   Burn's `AdamW`.
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
+
+/// `fn $name(args) -> R` that runs the `#[inline(always)]` function `$generic` compiled for
+/// AVX-512, or AVX2 + FMA, when the CPU has them (detected at run time), else as built. The
+/// kernels' loops are written plainly (lane arrays for reductions) so that each instance
+/// vectorises for its features.
+macro_rules! simd_dispatch {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $generic:ident
+    ) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $generic($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $generic($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the feature was detected at run time.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the features were detected at run time.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+    };
+}
 
 mod adamw;
 mod attention;

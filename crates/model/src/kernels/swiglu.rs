@@ -130,19 +130,9 @@ fn backward(dy: &FlexTensor, g: &FlexTensor, u: &FlexTensor) -> (FlexTensor, Fle
     )
 }
 
-pub(super) fn kernel_forward(g: &[f32], u: &[f32], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was detected at run time.
-        return unsafe { forward_avx512(g, u, y) };
-    }
-    forward_generic(g, u, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn forward_avx512(g: &[f32], u: &[f32], y: &mut [f32]) {
-    forward_generic(g, u, y)
+simd_dispatch! {
+    /// `y = silu(g) * u` over a chunk.
+    pub(super) fn kernel_forward(g: &[f32], u: &[f32], y: &mut [f32]) = forward_generic
 }
 
 #[inline(always)]
@@ -152,19 +142,15 @@ fn forward_generic(g: &[f32], u: &[f32], y: &mut [f32]) {
     }
 }
 
-pub(super) fn kernel_backward(dy: &[f32], g: &[f32], u: &[f32], dg: &mut [f32], du: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was detected at run time.
-        return unsafe { backward_avx512(dy, g, u, dg, du) };
-    }
-    backward_generic(dy, g, u, dg, du)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn backward_avx512(dy: &[f32], g: &[f32], u: &[f32], dg: &mut [f32], du: &mut [f32]) {
-    backward_generic(dy, g, u, dg, du)
+simd_dispatch! {
+    /// `dg`, `du` of a chunk from `dy`, `g` and `u`.
+    pub(super) fn kernel_backward(
+        dy: &[f32],
+        g: &[f32],
+        u: &[f32],
+        dg: &mut [f32],
+        du: &mut [f32],
+    ) = backward_generic
 }
 
 #[inline(always)]
