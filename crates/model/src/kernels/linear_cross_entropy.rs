@@ -143,11 +143,10 @@ pub fn linear_cross_entropy(
     ))
 }
 
-/// Rows per chunk: a logits buffer of about 16 MB, at least 64 rows (the gemm's micro-kernel
-/// height) and at most 512. At vocabulary 8192 and hidden 256, 512-row chunks ran the head in
-/// 95 ms against 109 with 256 rows and 100 with 1024 (`examples/head_loss_kernel.rs`).
+/// Rows per chunk: a logits buffer of about 16 MB, but never fewer than 256 rows (thinner
+/// products run far below the gemm's peak) nor more than 512 (measured in `benches/README.md`).
 fn chunk_rows(v: usize) -> usize {
-    ((1 << 22) / v.max(1)).clamp(64, 512)
+    ((1 << 22) / v.max(1)).clamp(256, 512)
 }
 
 /// The loss `[1]` and, as asked by `want = (dh, dw)`, the gradients of the summed loss.
