@@ -6,7 +6,8 @@
 //! the weighted outputs are written back to their `(token, slot)` places and summed over the k
 //! slots. Every step is a differentiable tensor op (`select`, `narrow`, `cat`, `select_assign`),
 //! so autodiff flows through it on every backend; the slot write-back has no duplicate indices,
-//! which keeps it deterministic on GPUs as well.
+//! which keeps it deterministic on GPUs as well. On Flex, from 64 tokens up, the same computation
+//! runs as one fused operation with its own backward (`crate::kernels::moe_experts`).
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear};
