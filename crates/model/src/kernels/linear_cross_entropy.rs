@@ -177,6 +177,7 @@ fn run(
     let mut dw = vec![0.0f32; if want.1 { d * v } else { 0 }];
     let rows = chunk_rows(v).min(n.max(1));
     let mut logits = vec![0.0f32; rows * v];
+    let mut row_nll = vec![0.0f32; rows];
     let mut loss = 0.0f64;
     for start in (0..n).step_by(rows) {
         let m = rows.min(n - start);
@@ -193,11 +194,13 @@ fn run(
             Threads::All,
         );
         let ys = &targets[start..start + m];
-        loss += lc
-            .par_chunks_mut(v)
+        let nll = &mut row_nll[..m];
+        lc.par_chunks_mut(v)
             .zip(ys.par_iter())
-            .map(|(row, &t)| f64::from(row_loss(row, t, grads)))
-            .sum::<f64>();
+            .zip(nll.par_iter_mut())
+            .for_each(|((row, &t), out)| *out = row_loss(row, t, grads));
+        // Summed in row order: the same bits on every run (a parallel sum's order is not fixed).
+        loss += nll.iter().map(|&x| f64::from(x)).sum::<f64>();
         if want.0 {
             let dhc = &mut dh[start * d..(start + m) * d];
             mm(

@@ -161,7 +161,10 @@ fn backward_w(dy: &FlexTensor, x: &FlexTensor, r: &FlexTensor, d: usize) -> Flex
     let rows = x.layout().num_elements() / d.max(1);
     let (dys, xs, rs) = (dy.storage::<f32>(), x.storage::<f32>(), r.storage::<f32>());
     let chunk = min_rows(d);
-    let dw = (0..rows.div_ceil(chunk))
+    // Partial sums over fixed row ranges, added in range order: the same bits on every run
+    // (rayon's `reduce` pairs partial results in whatever order its work stealing gives, and
+    // float addition is not associative; bit-exact resume needs the same gradient every time).
+    let partials: Vec<Vec<f32>> = (0..rows.div_ceil(chunk))
         .into_par_iter()
         .map(|c| {
             let mut acc = vec![0.0f32; d];
@@ -173,13 +176,11 @@ fn backward_w(dy: &FlexTensor, x: &FlexTensor, r: &FlexTensor, d: usize) -> Flex
             }
             acc
         })
-        .reduce(
-            || vec![0.0f32; d],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            },
-        );
+        .collect();
+    let mut dw = vec![0.0f32; d];
+    for part in &partials {
+        dw.iter_mut().zip(part).for_each(|(x, y)| *x += y);
+    }
     FlexTensor::from_data(TensorData::new(dw, [d]))
 }
 
@@ -191,6 +192,34 @@ mod tests {
     fn composed<const D: usize>(x: Tensor<D>, w: Tensor<1>, eps: f64) -> Tensor<D> {
         let variance = x.clone().square().mean_dim(D - 1);
         x * (variance + eps).sqrt().recip() * w.unsqueeze()
+    }
+
+    /// The weight gradient sums many row chunks across the threads: the same bits every run.
+    #[test]
+    fn the_weight_gradient_is_the_same_on_every_run() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<2>::random([4096, 64], normal, &device);
+        let w = Tensor::<1>::random([64], normal, &device);
+        let dy = Tensor::<2>::random([4096, 64], normal, &device);
+        let run = || {
+            let w = w.clone().require_grad();
+            let grads = (rms_norm(&x, &w, 1e-6).unwrap() * dy.clone())
+                .sum()
+                .backward();
+            let g: Vec<u32> = w
+                .grad(&grads)
+                .unwrap()
+                .into_data()
+                .iter::<f32>()
+                .map(f32::to_bits)
+                .collect();
+            g
+        };
+        let first = run();
+        for _ in 0..5 {
+            assert_eq!(run(), first);
+        }
     }
 
     /// Values and gradients (input and weight) against the composed ops, on Flex with autodiff.
