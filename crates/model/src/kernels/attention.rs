@@ -197,6 +197,33 @@ impl Dims {
         self.s - self.t + i + 1
     }
 
+    /// The span of query head `h` of batch row `bi` in a `[b, hq, t, hd]` buffer.
+    fn query_head(&self, bi: usize, h: usize) -> std::ops::Range<usize> {
+        let start = (bi * self.hq + h) * self.t * self.hd;
+        start..start + self.t * self.hd
+    }
+
+    /// A score buffer for one query block: `QUERY_BLOCK` rows of `s`.
+    fn block_buffer(&self) -> Vec<f32> {
+        vec![0.0f32; QUERY_BLOCK.min(self.t) * self.s]
+    }
+
+    /// `out[.., ..keys] = a b^T` for a block of `rows` query-side rows `a` (`[rows, hd]`) against
+    /// the first `keys` rows of a KV head `b` (`[s, hd]`); `out` has row stride `s`.
+    fn block_scores(&self, a: &[f32], b: &[f32], rows: usize, keys: usize, out: &mut [f32]) {
+        let (hd, s) = (self.hd, self.s);
+        mm(
+            rows,
+            keys,
+            hd,
+            (a, hd, 1),
+            (b, 1, hd),
+            (out, s),
+            false,
+            Threads::One,
+        );
+    }
+
     /// The query rows in blocks of [`QUERY_BLOCK`]: `(first row, rows, keys visible to the
     /// block's last row)`. Products stop at those keys, so the causal upper triangle costs only
     /// its part inside each block's diagonal tile.
@@ -253,28 +280,18 @@ struct ForwardTask<'a> {
 impl ForwardTask<'_> {
     #[inline(always)]
     fn run(&self, o: &mut [f32], l: &mut [f32]) {
-        let Dims { hq, t, s, hd, .. } = self.dm;
+        let Dims { t, s, hd, .. } = self.dm;
         let group = self.dm.group();
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
-        let mut p = vec![0.0f32; QUERY_BLOCK.min(t) * s];
+        let mut p = self.dm.block_buffer();
         for g in 0..group {
-            let h = kh * group + g;
-            let q = &self.qs[(bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd];
+            let q = &self.qs[self.dm.query_head(bi, kh * group + g)];
             for (r0, rows, keys) in self.dm.query_blocks() {
                 // S = Q K^T over the block's visible keys, then each row's causal softmax in
                 // place (P), keeping its log-sum-exp.
                 let qb = &q[r0 * hd..(r0 + rows) * hd];
-                mm(
-                    rows,
-                    keys,
-                    hd,
-                    (qb, hd, 1),
-                    (k, 1, hd),
-                    (&mut p, s),
-                    false,
-                    Threads::One,
-                );
+                self.dm.block_scores(qb, k, rows, keys, &mut p);
                 for i in 0..rows {
                     let row = &mut p[i * s..i * s + keys];
                     l[g * t + r0 + i] = softmax_row(row, self.dm.visible(r0 + i), self.scale);
@@ -318,11 +335,10 @@ impl BackwardTask<'_> {
         let scale = self.scale;
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
-        let mut p = vec![0.0f32; QUERY_BLOCK.min(t) * s];
-        let mut ds = vec![0.0f32; QUERY_BLOCK.min(t) * s];
+        let (mut p, mut ds) = (self.dm.block_buffer(), self.dm.block_buffer());
         for g in 0..group {
             let h = kh * group + g;
-            let span = (bi * hq + h) * t * hd..(bi * hq + h + 1) * t * hd;
+            let span = self.dm.query_head(bi, h);
             let (q, o, d_o) = (
                 &self.qs[span.clone()],
                 &self.os[span.clone()],
@@ -332,26 +348,8 @@ impl BackwardTask<'_> {
                 let block = r0 * hd..(r0 + rows) * hd;
                 let (qb, ob, dob) = (&q[block.clone()], &o[block.clone()], &d_o[block]);
                 // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
-                mm(
-                    rows,
-                    keys,
-                    hd,
-                    (qb, hd, 1),
-                    (k, 1, hd),
-                    (&mut p, s),
-                    false,
-                    Threads::One,
-                );
-                mm(
-                    rows,
-                    keys,
-                    hd,
-                    (dob, hd, 1),
-                    (v, 1, hd),
-                    (&mut ds, s),
-                    false,
-                    Threads::One,
-                );
+                self.dm.block_scores(qb, k, rows, keys, &mut p);
+                self.dm.block_scores(dob, v, rows, keys, &mut ds);
                 for i in 0..rows {
                     let n = self.dm.visible(r0 + i);
                     let lse = self.ls[(bi * hq + h) * t + r0 + i];

@@ -15,6 +15,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::exp::exp_f32;
+use super::int_values;
 
 /// Backends with a fused cross-entropy kernel (Flex).
 #[backend_extension(Flex)]
@@ -72,7 +73,7 @@ fn flex_cross_entropy_rows(z: &FlexTensor, y: &FlexTensor, want: bool) -> (FlexT
     let shape = z.layout().shape().clone();
     let (n, v) = (shape[0], shape[1]);
     let zd = z.storage::<f32>();
-    let targets = targets_i64(y);
+    let targets = int_values(y);
     let mut nll = vec![0.0f32; n];
     let mut coef = vec![0.0f32; if want { n * v } else { 0 }];
     if want {
@@ -92,16 +93,6 @@ fn flex_cross_entropy_rows(z: &FlexTensor, y: &FlexTensor, want: bool) -> (FlexT
     let nll = FlexTensor::from_data(TensorData::new(nll, [n]));
     let coef = FlexTensor::from_data(TensorData::new(coef, [if want { n } else { 0 }, v]));
     (nll, coef)
-}
-
-/// Target ids as i64 (the Int tensors here are i64 or i32).
-pub(super) fn targets_i64(y: &FlexTensor) -> Vec<i64> {
-    let y = y.to_contiguous();
-    match y.dtype() {
-        DType::I64 => y.storage::<i64>().to_vec(),
-        DType::I32 => y.storage::<i32>().iter().map(|&t| i64::from(t)).collect(),
-        other => panic!("cross-entropy targets must be i64 or i32, got {other:?}"),
-    }
 }
 
 simd_dispatch! {

@@ -27,9 +27,9 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::cross_entropy::{row_loss, targets_i64};
+use super::cross_entropy::row_loss;
 use super::mm::{Threads, mm};
-use super::{dense, flex_training};
+use super::{dense, flex_training, int_values};
 
 /// Backends with the fused head + cross-entropy: Flex, and Autodiff over Flex.
 #[backend_extension(Flex, Autodiff)]
@@ -167,7 +167,7 @@ fn run(
     } else {
         ws_shape[1]
     };
-    let targets = targets_i64(y);
+    let targets = int_values(y);
     // `W` as the `[d, v]` right operand of the logits, and `W^T` as the `[v, d]` one of `dH`.
     let (w_rs, w_cs) = if vocab_major { (1, d) } else { (v, 1) };
     let (wt_rs, wt_cs) = (w_cs, w_rs);

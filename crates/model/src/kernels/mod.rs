@@ -173,3 +173,13 @@ impl Elements {
         &self.tensor.storage::<f32>()[self.range.clone()]
     }
 }
+
+/// The values of an Int tensor (i64 or i32 here: targets, expert ids) as i64.
+pub(crate) fn int_values(t: &burn::backend::flex::FlexTensor) -> Vec<i64> {
+    let t = t.to_contiguous();
+    match t.dtype() {
+        burn::tensor::DType::I64 => t.storage::<i64>().to_vec(),
+        burn::tensor::DType::I32 => t.storage::<i32>().iter().map(|&v| i64::from(v)).collect(),
+        other => panic!("integer tensor expected (i64 or i32), got {other:?}"),
+    }
+}

@@ -30,10 +30,9 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::cross_entropy::targets_i64;
 use super::mm::{Threads, mm};
 use super::swiglu::{kernel_backward, kernel_forward};
-use super::{Elements, flex_training};
+use super::{Elements, flex_training, int_values};
 
 /// Backends with the fused MoE experts: Flex, and Autodiff over Flex (with its backward).
 #[backend_extension(Flex, Autodiff)]
@@ -227,7 +226,7 @@ fn forward(
     let (xv, gv, uv, dv, wv) = (xe.f32(), ge.f32(), ue.f32(), de.f32(), we.f32());
 
     // 1. Counting sort of the slots by expert.
-    let expert: Vec<usize> = targets_i64(ids)
+    let expert: Vec<usize> = int_values(ids)
         .into_iter()
         .map(|id| {
             usize::try_from(id)
