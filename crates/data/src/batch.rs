@@ -30,9 +30,50 @@ pub struct Batch {
     /// `[B, T]`, 1 = real token, 0 = padding; `None` when every position is real (packed
     /// pretraining windows).
     pub attention_mask: Option<Vec<u8>>,
+    /// `[B, T]`: each input's position inside its document, restarting at 0 at every document
+    /// start (HF `position_ids` of packed rows; a row's trailing padding is a document of its
+    /// own). Documents of a row then never see each other. `None`: one document per row.
+    pub positions: Option<Vec<u32>>,
 }
 
 impl Batch {
+    /// Marks documents in every row: a document starts at position 0 and after each
+    /// `separator` (the end-of-document token that shards put after every document), as
+    /// Megatron's `--reset-position-ids`. Rows without a separator before their last position
+    /// stay one document, and a batch without any stays `positions: None`.
+    pub fn with_separator_documents(mut self, separator: u32) -> Self {
+        let t = self.seq_len;
+        let split = self
+            .inputs
+            .chunks(t.max(1))
+            .any(|row| row[..t.saturating_sub(1)].contains(&separator));
+        if split {
+            let mut positions = Vec::with_capacity(self.inputs.len());
+            for row in self.inputs.chunks(t) {
+                let (mut p, mut after_separator) = (0u32, false);
+                for &id in row {
+                    if after_separator {
+                        p = 0;
+                    }
+                    positions.push(p);
+                    p += 1;
+                    after_separator = id == separator;
+                }
+            }
+            self.positions = Some(positions);
+        }
+        self
+    }
+
+    /// The document starts of row `r` (indices where the position is 0), for display.
+    pub fn document_starts(&self, r: usize) -> Vec<usize> {
+        let t = self.seq_len;
+        match &self.positions {
+            Some(p) => (0..t).filter(|&i| p[r * t + i] == 0).collect(),
+            None => vec![0],
+        }
+    }
+
     /// Positions whose target is not [`IGNORE_INDEX`].
     pub fn num_target_tokens(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()

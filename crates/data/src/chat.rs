@@ -15,8 +15,12 @@
 //! [`SftStats::truncated`]); one with no assistant token left to predict is dropped. With
 //! `pack = false` each row is one conversation, right-padded; with `pack = true` whole
 //! conversations are appended to a row while they fit (first fit in file order), then padded.
-//! Packed conversations may attend to earlier ones in the same row (plain causal mask, as in
-//! most packing trainers); the attention mask only marks padding.
+//! Packed rows record where each conversation starts, and their batches carry per-document
+//! positions ([`Batch::positions`]): each conversation attends only to itself and its RoPE
+//! positions restart at 0, so it is trained exactly as if it were alone in its row (TRL's
+//! `padding_free`, flash-attention's varlen). The trailing padding forms a document of its own.
+//! [`ChatOptions::document_mask`] `= false` keeps the old behaviour (packed conversations see the
+//! ones before them) for ablations.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -70,6 +74,8 @@ pub struct ChatOptions {
     pub seq_len: usize,
     /// `true`: pack several conversations per row; `false`: one per row, right-padded.
     pub pack: bool,
+    /// With `pack`: keep packed conversations apart (see the module docs). On by default.
+    pub document_mask: bool,
     /// Prepended as a `system` message to conversations that do not start with one.
     pub system_prompt: Option<String>,
     /// The model's chat template (`tokenizer_config.json`); `None` renders ChatML.
@@ -81,6 +87,7 @@ impl Default for ChatOptions {
         ChatOptions {
             seq_len: 512,
             pack: false,
+            document_mask: true,
             system_prompt: None,
             template: None,
         }
@@ -116,6 +123,8 @@ pub struct SftRow {
     pub ids: Vec<u32>,
     /// 1 where the token is a training target.
     pub loss_mask: Vec<u8>,
+    /// Index in `ids` of each conversation's first token (`[0]` for one conversation).
+    pub starts: Vec<usize>,
 }
 
 /// What loading did to the conversations.
@@ -140,6 +149,8 @@ pub struct SftDataset {
     seq_len: usize,
     pad_id: u32,
     stats: SftStats,
+    /// Batches carry per-conversation positions (packed rows with the document mask).
+    documents: bool,
 }
 
 impl SftDataset {
@@ -215,6 +226,7 @@ impl SftDataset {
             let row = SftRow {
                 ids,
                 loss_mask: mask,
+                starts: vec![0],
             };
             if !opts.pack {
                 rows.push(row);
@@ -222,6 +234,7 @@ impl SftDataset {
             }
             match open.as_mut() {
                 Some(cur) if cur.ids.len() + row.ids.len() <= max => {
+                    cur.starts.push(cur.ids.len());
                     cur.ids.extend(row.ids);
                     cur.loss_mask.extend(row.loss_mask);
                 }
@@ -234,6 +247,7 @@ impl SftDataset {
             seq_len: opts.seq_len,
             pad_id,
             stats,
+            documents: opts.pack && opts.document_mask,
         })
     }
 
@@ -269,7 +283,8 @@ impl SftDataset {
 
     /// A `[rows.len(), T]` batch of the given rows: inputs `ids[..L-1]` then padding, targets
     /// the next id where its loss mask is 1 else [`IGNORE_INDEX`], attention mask 1 on real
-    /// inputs.
+    /// inputs; for packed rows with the document mask, the positions of each input inside its
+    /// conversation (the padding after the last one counts as one more document).
     ///
     /// # Panics
     /// If a row index is out of range.
@@ -281,9 +296,20 @@ impl SftDataset {
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
+        let mut positions = Vec::with_capacity(if self.documents { n } else { 0 });
         for &r in rows {
             let row = &self.rows[r];
             let real = row.ids.len().saturating_sub(1);
+            if self.documents {
+                let mut doc_start = 0;
+                let mut next = row.starts.iter().skip(1).peekable();
+                for p in 0..t {
+                    if next.next_if(|&&s| s == p).is_some() || p == real {
+                        doc_start = p;
+                    }
+                    positions.push((p - doc_start) as u32);
+                }
+            }
             for p in 0..t {
                 if p < real {
                     inputs.push(row.ids[p]);
@@ -306,6 +332,7 @@ impl SftDataset {
             inputs,
             targets,
             attention_mask: Some(attn),
+            positions: self.documents.then_some(positions),
         }
     }
 }

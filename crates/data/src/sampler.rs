@@ -178,6 +178,7 @@ impl WindowSampler {
             inputs,
             targets,
             attention_mask: None,
+            positions: None,
         }
     }
 }
@@ -232,6 +233,7 @@ pub fn eval_batches(
             inputs,
             targets,
             attention_mask: None,
+            positions: None,
         });
     }
     batches

@@ -88,6 +88,7 @@ fn padded_rows_have_attention_mask_and_ignored_targets() {
         pack: false,
         system_prompt: Some("Be kind.".into()),
         template: None,
+        ..ChatOptions::default()
     };
     let ds = SftDataset::load(&path, &tok, &opts).unwrap();
     assert_eq!(ds.len(), 2);
@@ -142,6 +143,7 @@ fn packing_fills_rows_with_whole_conversations() {
             pack: false,
             system_prompt: None,
             template: None,
+            ..ChatOptions::default()
         },
     )
     .unwrap();
@@ -153,6 +155,7 @@ fn packing_fills_rows_with_whole_conversations() {
             pack: true,
             system_prompt: None,
             template: None,
+            ..ChatOptions::default()
         },
     )
     .unwrap();
@@ -172,6 +175,76 @@ fn packing_fills_rows_with_whole_conversations() {
         text.starts_with("Answer 0.<|im_end|>Answer 1.<|im_end|>"),
         "{text}"
     );
+
+    // Positions restart at every conversation's first token and at the padding; each
+    // conversation's inputs and positions equal its own padded row's.
+    let row = &packed.rows()[0];
+    assert!(row.starts.len() >= 3, "{:?}", row.starts);
+    let positions = b.positions.as_ref().expect("packed rows carry positions");
+    let real = row.ids.len() - 1;
+    let starts: Vec<usize> = (0..128).filter(|&i| positions[i] == 0).collect();
+    let mut expected = row.starts.clone();
+    expected.push(real);
+    assert_eq!(starts, expected);
+    for (c, &s) in row.starts.iter().enumerate() {
+        let alone = padded.batch(&[c]);
+        let n = padded.rows()[c].ids.len() - 1;
+        assert_eq!(&b.inputs[s..s + n], &alone.inputs[..n], "conversation {c}");
+        assert_eq!(
+            &b.targets[s..s + n],
+            &alone.targets[..n],
+            "conversation {c}"
+        );
+        assert!(
+            positions[s..s + n]
+                .iter()
+                .enumerate()
+                .all(|(k, &p)| p == k as u32)
+        );
+    }
+    assert_eq!(padded.batch(&[0]).positions, None, "one conversation a row");
+
+    // `document_mask = false`: packed, without positions.
+    let leaky = SftDataset::from_conversations(
+        &convs,
+        &tok,
+        &ChatOptions {
+            seq_len: 128,
+            pack: true,
+            document_mask: false,
+            ..ChatOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(leaky.batch(&[0]).positions, None);
+}
+
+#[test]
+fn separators_split_text_rows_into_documents() {
+    let b = Batch {
+        batch_size: 2,
+        seq_len: 5,
+        inputs: vec![4, 9, 5, 6, 9, 1, 2, 3, 4, 5],
+        targets: vec![0; 10],
+        attention_mask: None,
+        positions: None,
+    };
+    let b = b.with_separator_documents(9);
+    assert_eq!(
+        b.positions.as_deref(),
+        Some(&[0, 1, 0, 1, 2, 0, 1, 2, 3, 4][..])
+    );
+    assert_eq!(b.document_starts(0), vec![0, 2]);
+    // A separator in the last position starts nothing inside the row.
+    let last = Batch {
+        batch_size: 1,
+        seq_len: 3,
+        inputs: vec![1, 2, 9],
+        targets: vec![0; 3],
+        attention_mask: None,
+        positions: None,
+    };
+    assert_eq!(last.with_separator_documents(9).positions, None);
 }
 
 #[test]
@@ -190,6 +263,7 @@ fn long_conversations_are_truncated_and_counted() {
             pack: false,
             system_prompt: None,
             template: None,
+            ..ChatOptions::default()
         },
     )
     .unwrap();
@@ -230,6 +304,7 @@ fn sft_sampler_resumes_exactly_directly_and_through_prefetcher() {
                 pack: false,
                 system_prompt: None,
                 template: None,
+                ..ChatOptions::default()
             },
         )
         .unwrap(),

@@ -1,11 +1,15 @@
 //! Time of the fused causal attention (forward, and forward + backward) at a training shape,
-//! with the GFLOP/s of the products it needs (causal half only) and of those it runs.
+//! with the GFLOP/s of the products it needs (causal half only) and of those it runs. A sixth
+//! size packs each row with documents of that many tokens (the document mask), to compare
+//! with the same rows as one document.
 //!
-//!     cargo run --release -p qwen-burn-model --example attention_kernel -- 8 8 4 256 32
+//!     cargo run --release --example attention_kernel -- 8 8 4 256 32
+//!     cargo run --release --example attention_kernel -- 2 8 4 1024 32 128
 
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor};
+use qwen_burn_model::Documents;
 use qwen_burn_model::kernels::{causal_attention, in_pool};
 
 fn best(f: &dyn Fn()) -> f64 {
@@ -24,9 +28,13 @@ fn main() {
         .skip(1)
         .map(|a| a.parse().expect("sizes b hq hkv t hd"))
         .collect();
-    let [b, hq, hkv, t, hd] = args[..] else {
-        panic!("usage: attention_kernel B HQ HKV T HD");
+    let (&[b, hq, hkv, t, hd], doc) = (&args[..5.min(args.len())], args.get(5).copied()) else {
+        panic!("usage: attention_kernel B HQ HKV T HD [DOCUMENT_TOKENS]");
     };
+    let docs = doc.map(|d| {
+        let positions = (0..b * t).map(|i| ((i % t) % d) as u32).collect();
+        Documents::new(b, t, positions).expect("a valid layout")
+    });
     let device = Device::flex().autodiff();
     let normal = Distribution::Normal(0.0, 1.0);
     let q = Tensor::<4>::random([b, hq, t, hd], normal, &device).require_grad();
@@ -34,7 +42,8 @@ fn main() {
     let v = Tensor::<4>::random([b, hkv, t, hd], normal, &device).require_grad();
     let scale = (hd as f32).powf(-0.5);
     let run = |backward: bool| {
-        let out = causal_attention(&q, &k, &v, scale).expect("flex kernel");
+        let starts = docs.as_ref().map(|d| d.starts());
+        let out = causal_attention(&q, &k, &v, scale, starts).expect("flex kernel");
         if backward {
             let grads = out.sum().backward();
             let _ = q.grad(&grads);
@@ -42,9 +51,11 @@ fn main() {
             let _ = out.narrow(0, 0, 1).sum().into_scalar::<f32>();
         }
     };
-    // One product of a head: 2 t^2 hd flops for the square, about half of it causal.
-    let square = 2.0 * (b * hq * t * t * hd) as f64;
-    let needed = square * (t + 1) as f64 / (2 * t) as f64;
+    // One product of a head: 2 t^2 hd flops for the square, about half of it causal (per
+    // document when packed: t / d squares of d).
+    let span = doc.unwrap_or(t).min(t);
+    let square = 2.0 * (b * hq * t * span * hd) as f64;
+    let needed = square * (span + 1) as f64 / (2 * span) as f64;
     in_pool(|| {
         let fwd = best(&|| run(false));
         let both = best(&|| run(true));

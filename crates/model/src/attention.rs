@@ -7,6 +7,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Tensor};
 
 use crate::config::Qwen3Config;
+use crate::documents::DocumentMask;
 use crate::kernels::{causal_attention, decode_attention};
 use crate::kv_cache::LayerCache;
 use crate::mlp::linear;
@@ -58,7 +59,8 @@ impl Attention {
     /// Attend over the cached prefix (if any) and the new tokens.
     ///
     /// `mask` is `None` for plain causal attention, or `[b, 1, t, past + t]` with `true` where a
-    /// query may NOT look (causal and padding combined by the caller).
+    /// query may NOT look (causal and padding combined by the caller). `docs` (packed rows, no
+    /// cache) keeps each document to itself and replaces `mask`.
     ///
     /// # Shapes
     /// - `x`: `[b, t, hidden]` -> `[b, t, hidden]`
@@ -67,6 +69,7 @@ impl Attention {
         x: Tensor<3>,
         rope: &RopeTables,
         mask: Option<&Tensor<4, Bool>>,
+        docs: Option<&DocumentMask>,
         cache: Option<&mut LayerCache>,
     ) -> Tensor<3> {
         let [b, t, _] = x.dims();
@@ -107,13 +110,18 @@ impl Attention {
             None => (k, v),
         };
 
-        // Causal attention without padding on Flex: the fused kernel (GQA by index, no scores
-        // tensor; crate::kernels::causal_attention).
-        if mask.is_none()
-            && let Some(out) = causal_attention(&q, &k, &v, scale as f32)
+        // Causal attention without padding, or within packed documents, on Flex: the fused
+        // kernel (GQA by index, no scores tensor; crate::kernels::causal_attention).
+        if (mask.is_none() || docs.is_some())
+            && let Some(out) = causal_attention(&q, &k, &v, scale as f32, docs.map(|d| d.starts()))
         {
             return project(&self.o_proj, out.swap_dims(1, 2).reshape([b, t, hq * hd]));
         }
+        // Elsewhere packed documents take the equivalent block-diagonal causal mask.
+        let mask = match docs {
+            Some(d) => Some(d.dense(&q.device())),
+            None => mask,
+        };
 
         // 4. GQA: query head h reads kv head h / (hq / hkv) (HF repeat_kv = repeat_interleave).
         let (k, v) = (repeat_kv(k, hq / hkv), repeat_kv(v, hq / hkv));

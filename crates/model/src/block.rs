@@ -5,6 +5,7 @@ use burn::tensor::{Bool, Device, Tensor};
 
 use crate::attention::Attention;
 use crate::config::Qwen3Config;
+use crate::documents::DocumentMask;
 use crate::kv_cache::LayerCache;
 use crate::mlp::Mlp;
 use crate::moe::{RouterOutput, SparseMoe};
@@ -63,12 +64,13 @@ impl DecoderLayer {
         x: Tensor<3>,
         rope: &RopeTables,
         mask: Option<&Tensor<4, Bool>>,
+        docs: Option<&DocumentMask>,
         cache: Option<&mut LayerCache>,
     ) -> (Tensor<3>, Option<RouterOutput>) {
         let h = x.clone()
             + self
                 .self_attn
-                .forward(self.input_layernorm.forward(x), rope, mask, cache);
+                .forward(self.input_layernorm.forward(x), rope, mask, docs, cache);
         let normed = self.post_attention_layernorm.forward(h.clone());
         match &self.mlp {
             FeedForward::Dense(mlp) => (h + mlp.forward(normed), None),

@@ -12,6 +12,7 @@ pub mod attention;
 pub mod block;
 pub mod config;
 pub mod device;
+pub mod documents;
 pub mod error;
 pub mod generate;
 pub mod generation_config;
@@ -29,6 +30,7 @@ pub mod weights;
 
 pub use config::{BalanceLoss, ModelType, MoeConfig, Qwen3Config, RopeScaling};
 pub use device::{BackendKind, DeviceSet, device_from_name};
+pub use documents::Documents;
 pub use error::{ModelError, Result};
 pub use generate::{Generation, SamplingConfig, generate};
 pub use generation_config::{GenerationConfig, SamplingDefaults};

@@ -6,6 +6,7 @@ use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::block::DecoderLayer;
 use crate::config::Qwen3Config;
+use crate::documents::{DocumentMask, Documents};
 use crate::kernels::{linear_cross_entropy, row_matmul};
 use crate::kv_cache::KvCache;
 use crate::loss::cross_entropy_sum;
@@ -114,24 +115,77 @@ impl Qwen3ForCausalLM {
         &self,
         input_ids: Tensor<2, Int>,
         attention_mask: Option<Tensor<2, Bool>>,
+        cache: Option<&mut KvCache>,
+    ) -> (Tensor<3>, Vec<RouterOutput>) {
+        self.forward_hidden_inner(input_ids, attention_mask, None, cache)
+    }
+
+    /// [`Self::forward_hidden`] of packed rows: with `docs` (several documents in a row), each
+    /// document attends only to itself and its RoPE positions restart at 0, so every document
+    /// gets exactly the hidden states it gets alone in a row. Then `docs` alone decides what a
+    /// token sees: padding must form documents of its own (the SFT rows' trailing padding does),
+    /// and `attention_mask` is ignored by the attention. A layout of one document per row
+    /// changes nothing.
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[b, t]`, `docs`: `[b, t]` -> hidden `[b, t, hidden]`
+    pub fn forward_hidden_packed(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Option<Tensor<2, Bool>>,
+        docs: Option<&Documents>,
+    ) -> (Tensor<3>, Vec<RouterOutput>) {
+        if let Some(d) = docs {
+            assert_eq!(
+                [d.batch_size(), d.seq_len()],
+                input_ids.dims(),
+                "document layout and input ids differ in shape"
+            );
+        }
+        let docs = docs.filter(|d| !d.is_single());
+        self.forward_hidden_inner(input_ids, attention_mask, docs, None)
+    }
+
+    fn forward_hidden_inner(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Option<Tensor<2, Bool>>,
+        docs: Option<&Documents>,
         mut cache: Option<&mut KvCache>,
     ) -> (Tensor<3>, Vec<RouterOutput>) {
-        let [_, t] = input_ids.dims();
+        let [b, t] = input_ids.dims();
         let device = input_ids.device();
         let past = cache.as_ref().map_or(0, |c| c.seq_len);
 
-        // 1. RoPE tables for positions past..past+t, shared by all layers.
-        let rope_len = match cache.as_mut() {
-            Some(c) => {
-                c.rope_seq_len = c.rope_seq_len.max(past + t);
-                c.rope_seq_len
+        // 1. RoPE tables for positions past..past+t, shared by all layers; packed rows: per-row
+        //    tables of the positions inside each document.
+        let rope = match docs {
+            Some(d) => RopeTables::for_positions(
+                &rope_frequencies(&self.config, d.span()),
+                d.positions(),
+                b,
+                t,
+                &device,
+            ),
+            None => {
+                let rope_len = match cache.as_mut() {
+                    Some(c) => {
+                        c.rope_seq_len = c.rope_seq_len.max(past + t);
+                        c.rope_seq_len
+                    }
+                    None => past + t,
+                };
+                RopeTables::new(&rope_frequencies(&self.config, rope_len), past, t, &device)
             }
-            None => past + t,
         };
-        let rope = RopeTables::new(&rope_frequencies(&self.config, rope_len), past, t, &device);
 
-        // 2. Causal + padding mask, only needed when some keys are padding.
-        let mask = attention_mask.map(|m| causal_padding_mask(m, t));
+        // 2. Causal + padding mask, only needed when some keys are padding; packed rows: the
+        //    document layout instead.
+        let doc_mask = docs.map(DocumentMask::new);
+        let mask = match docs {
+            Some(_) => None,
+            None => attention_mask.map(|m| causal_padding_mask(m, t)),
+        };
 
         // 3. Embed and run the stack.
         // Activations are f32 even when the table is stored in bf16.
@@ -139,7 +193,8 @@ impl Qwen3ForCausalLM {
         let mut routers = Vec::new();
         for (i, layer) in self.model.layers.iter().enumerate() {
             let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
-            let (y, router) = layer.forward(x, &rope, mask.as_ref(), layer_cache);
+            let (y, router) =
+                layer.forward(x, &rope, mask.as_ref(), doc_mask.as_ref(), layer_cache);
             x = y;
             routers.extend(router);
         }

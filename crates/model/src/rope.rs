@@ -148,37 +148,68 @@ pub fn rope_frequencies(config: &Qwen3Config, seq_len: usize) -> RopeFrequencies
     }
 }
 
-/// cos and sin tables for a contiguous range of positions.
+/// cos and sin tables for the positions of one forward call.
 #[derive(Debug, Clone)]
 pub struct RopeTables {
-    /// `[1, 1, t, head_dim]`, already multiplied by the attention factor.
+    /// `[rows, 1, t, head_dim]`, already multiplied by the attention factor; `rows` is 1 when
+    /// every batch row has the same positions, else the batch size.
     pub cos: Tensor<4>,
-    /// `[1, 1, t, head_dim]`, already multiplied by the attention factor.
+    /// Same shape as `cos`.
     pub sin: Tensor<4>,
 }
 
-impl RopeTables {
-    /// Tables for positions `start..start + len` (`emb = cat(freqs, freqs)` as in HF).
-    pub fn new(freqs: &RopeFrequencies, start: usize, len: usize, device: &Device) -> Self {
-        let half = freqs.inv_freq.len();
-        let dim = 2 * half;
-        let mut cos = Vec::with_capacity(len * dim);
-        let mut sin = Vec::with_capacity(len * dim);
-        for pos in start..start + len {
-            let p = pos as f32;
-            for _ in 0..2 {
-                for &f in &freqs.inv_freq {
-                    let angle = p * f;
-                    cos.push(angle.cos() * freqs.attention_factor);
-                    sin.push(angle.sin() * freqs.attention_factor);
-                }
-            }
+/// `emb = cat(freqs, freqs)` at `pos`, as HF, times the attention factor.
+fn push_position(freqs: &RopeFrequencies, pos: f32, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+    for _ in 0..2 {
+        for &f in &freqs.inv_freq {
+            let angle = pos * f;
+            cos.push(angle.cos() * freqs.attention_factor);
+            sin.push(angle.sin() * freqs.attention_factor);
         }
-        let cos = Tensor::<2>::from_data(TensorData::new(cos, [len, dim]), device);
-        let sin = Tensor::<2>::from_data(TensorData::new(sin, [len, dim]), device);
+    }
+}
+
+impl RopeTables {
+    /// Tables for positions `start..start + len`, shared by every batch row.
+    pub fn new(freqs: &RopeFrequencies, start: usize, len: usize, device: &Device) -> Self {
+        let dim = 2 * freqs.inv_freq.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(len * dim), Vec::with_capacity(len * dim));
+        for pos in start..start + len {
+            push_position(freqs, pos as f32, &mut cos, &mut sin);
+        }
+        Self::from_values(cos, sin, 1, len, dim, device)
+    }
+
+    /// Tables for per-row positions (`[rows, len]`, row-major): packed rows whose positions
+    /// restart at each document ([`crate::documents::Documents`]).
+    pub fn for_positions(
+        freqs: &RopeFrequencies,
+        positions: &[u32],
+        rows: usize,
+        len: usize,
+        device: &Device,
+    ) -> Self {
+        let dim = 2 * freqs.inv_freq.len();
+        let n = rows * len * dim;
+        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for &pos in positions {
+            push_position(freqs, pos as f32, &mut cos, &mut sin);
+        }
+        Self::from_values(cos, sin, rows, len, dim, device)
+    }
+
+    fn from_values(
+        cos: Vec<f32>,
+        sin: Vec<f32>,
+        rows: usize,
+        len: usize,
+        dim: usize,
+        device: &Device,
+    ) -> Self {
+        let table = |v| Tensor::<4>::from_data(TensorData::new(v, [rows, 1, len, dim]), device);
         Self {
-            cos: cos.unsqueeze::<4>(),
-            sin: sin.unsqueeze::<4>(),
+            cos: table(cos),
+            sin: table(sin),
         }
     }
 
@@ -188,8 +219,9 @@ impl RopeTables {
     /// - `x`: `[b, heads, t, head_dim]` -> same
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         let [_, _, t, dim] = x.dims();
+        let rows = self.cos.dims()[0];
         // Flex: one pass each way through the strided input (crate::kernels::rope).
-        let table = |m: &Tensor<4>| m.clone().reshape([t, dim]);
+        let table = |m: &Tensor<4>| m.clone().reshape([rows, t, dim]);
         if let Some(y) = crate::kernels::rope(&x, &table(&self.cos), &table(&self.sin)) {
             return y;
         }

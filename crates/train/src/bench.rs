@@ -48,6 +48,7 @@ fn random_batch(rng: &mut ChaCha8Rng, b: usize, t: usize, vocab: usize) -> Batch
         inputs,
         targets,
         attention_mask: None,
+        positions: None,
     }
 }
 

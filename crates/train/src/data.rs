@@ -20,6 +20,9 @@ pub struct DataPipeline {
     val: Vec<Batch>,
     tok: Tok,
     tok_path: PathBuf,
+    /// Text runs with `data.document_mask`: the end-of-document id that splits rows into
+    /// documents.
+    separator: Option<u32>,
 }
 
 /// Default shard cache of a config: `.cache/shards/<hash>`, keyed by everything that changes
@@ -55,6 +58,7 @@ impl DataPipeline {
             ));
         }
         let seed = t.seed;
+        let mut separator = None;
         let (prefetcher, val) = match d.kind {
             DataKind::Sft => {
                 if d.inputs.len() != 1 {
@@ -74,6 +78,7 @@ impl DataPipeline {
                 let opts = ChatOptions {
                     seq_len: t.seq_len,
                     pack: d.pack,
+                    document_mask: d.document_mask,
                     system_prompt: None,
                     template,
                 };
@@ -120,7 +125,16 @@ impl DataPipeline {
                     sampler.restore(c)?;
                 }
                 let val_store = TokenStore::open(&out, Split::Val, Some(&hash))?;
-                let val = eval_batches(&val_store, t.batch_size, t.seq_len, t.eval_batches);
+                if d.document_mask {
+                    separator = Some(train.meta().eos_id);
+                }
+                let val = eval_batches(&val_store, t.batch_size, t.seq_len, t.eval_batches)
+                    .into_iter()
+                    .map(|b| match separator {
+                        Some(sep) => b.with_separator_documents(sep),
+                        None => b,
+                    })
+                    .collect::<Vec<_>>();
                 if val.is_empty() {
                     return Err(TrainError::config(
                         "data.val_fraction",
@@ -139,12 +153,18 @@ impl DataPipeline {
             val,
             tok,
             tok_path: d.tokenizer.clone(),
+            separator,
         })
     }
 
     /// The next training batch and the sampler cursor after it (for checkpoints).
     pub fn next_batch(&mut self) -> Result<(Batch, Cursor)> {
-        Ok(self.prefetcher.next()?)
+        let (batch, cursor) = self.prefetcher.next()?;
+        let batch = match self.separator {
+            Some(sep) => batch.with_separator_documents(sep),
+            None => batch,
+        };
+        Ok((batch, cursor))
     }
 
     /// Fixed validation batches.

@@ -8,16 +8,15 @@ use qwen_burn_model::{Qwen3ForCausalLM, SamplingConfig, generate};
 use serde::Serialize;
 
 use crate::error::{Result, TrainError};
-use crate::step::{batch_tensors, count_targets, read_scalar};
+use crate::step::{count_targets, forward_ce_sum, read_scalar};
 
 /// Validation: mean cross-entropy over the fixed validation batches.
 pub fn evaluate(model: &Qwen3ForCausalLM, batches: &[Batch], device: &Device) -> Result<f64> {
     let mut total = 0.0;
     let mut count = 0;
     for batch in batches {
-        let (inputs, targets, mask) = batch_tensors(batch, device);
-        let (hidden, _) = model.forward_hidden(inputs, mask, None);
-        total += read_scalar(model.head_cross_entropy_sum(hidden, targets))?;
+        let (ce_sum, _, _) = forward_ce_sum(model, batch, device)?;
+        total += read_scalar(ce_sum)?;
         count += count_targets(batch);
     }
     Ok(total / count.max(1) as f64)

@@ -15,8 +15,8 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use qwen_burn_data::Batch;
 use qwen_burn_model::moe::RouterOutput;
 use qwen_burn_model::{
-    BalanceLoss, Qwen3Config, Qwen3ForCausalLM, RouterStats, balancing_loss, router_z_loss,
-    selection_counts,
+    BalanceLoss, Documents, Qwen3Config, Qwen3ForCausalLM, RouterStats, balancing_loss,
+    router_z_loss, selection_counts,
 };
 
 use crate::error::{Result, TrainError};
@@ -109,6 +109,30 @@ pub fn batch_tensors(
         Tensor::from_data(TensorData::new(m, [b, t]), device)
     });
     (inputs, targets, mask)
+}
+
+/// The document layout of a packed batch ([`Batch::positions`]), `None` for one document per row.
+pub fn batch_documents(batch: &Batch) -> Result<Option<Documents>> {
+    batch
+        .positions
+        .as_ref()
+        .map(|p| Documents::new(batch.batch_size, batch.seq_len, p.clone()))
+        .transpose()
+        .map_err(TrainError::from)
+}
+
+/// The summed next-token cross-entropy of one batch and its router outputs, with its padding
+/// mask (for the balancing losses): the forward that training, validation and `bench` share.
+/// Packed documents are kept apart ([`Qwen3ForCausalLM::forward_hidden_packed`]).
+pub fn forward_ce_sum(
+    model: &Qwen3ForCausalLM,
+    batch: &Batch,
+    device: &Device,
+) -> Result<(Tensor<1>, Vec<RouterOutput>, Option<Tensor<2, Bool>>)> {
+    let (inputs, targets, mask) = batch_tensors(batch, device);
+    let docs = batch_documents(batch)?;
+    let (hidden, routers) = model.forward_hidden_packed(inputs, mask.clone(), docs.as_ref());
+    Ok((model.head_cross_entropy_sum(hidden, targets), routers, mask))
 }
 
 /// Targets that count in the loss.
@@ -299,12 +323,7 @@ pub fn forward_backward_part(
 
     // The loss's cross-entropy is formed with the forward (the fused head kernel computes its
     // gradients there); the router losses wait for the step's fractions under `global_batch`.
-    let forward = |batch: &Batch| {
-        let (inputs, targets, mask) = batch_tensors(batch, device);
-        let (hidden, routers) = model.forward_hidden(inputs, mask.clone(), None);
-        let ce_sum = model.head_cross_entropy_sum(hidden, targets);
-        (ce_sum, routers, mask)
-    };
+    let forward = |batch: &Batch| forward_ce_sum(model, batch, device);
     let mut backward = |(ce_sum, routers, mask): Forward,
                         batch: &Batch,
                         router_weight: f64,
@@ -353,11 +372,11 @@ pub fn forward_backward_part(
     if !global {
         // Forward then backward, one micro-batch at a time: one micro-batch of activations.
         for batch in batches {
-            backward(forward(batch), batch, 1.0 / k, None)?;
+            backward(forward(batch)?, batch, 1.0 / k, None)?;
         }
     } else {
         let top_k = moe.map_or(1, |m| m.num_experts_per_tok);
-        let forwards: Vec<Forward> = batches.iter().map(forward).collect();
+        let forwards: Vec<Forward> = batches.iter().map(forward).collect::<Result<_>>()?;
         let mut counts = Vec::new();
         let mut tokens = 0.0;
         for (_, routers, mask) in &forwards {

@@ -25,6 +25,7 @@ fn concat(batches: &[Batch]) -> Batch {
         inputs: batches.iter().flat_map(|b| b.inputs.clone()).collect(),
         targets: batches.iter().flat_map(|b| b.targets.clone()).collect(),
         attention_mask: None,
+        positions: None,
     }
 }
 

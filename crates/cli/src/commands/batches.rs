@@ -17,7 +17,9 @@ pub struct Args {
     /// Optimizer steps to dump (each has training.grad_accum micro-batches).
     #[arg(long)]
     steps: usize,
-    /// Output JSONL: one line per micro-batch with `step`, `inputs` and `targets` ([B, T] rows).
+    /// Output JSONL: one line per micro-batch with `step`, `inputs` and `targets` ([B, T] rows),
+    /// the padding `attention_mask`, and for packed rows with the document mask `positions`
+    /// (each input's position in its document, [B, T]) and `document_starts` (per row).
     #[arg(long)]
     out: PathBuf,
 }
@@ -46,6 +48,10 @@ pub fn run(args: Args) -> Result<()> {
                 "inputs": rows(batch.inputs.iter().map(|&x| x.into()).collect()),
                 "targets": rows(batch.targets.iter().map(|&x| x.into()).collect()),
                 "attention_mask": batch.attention_mask.as_ref().map(|m| rows(m.iter().map(|&x| x.into()).collect())),
+                "positions": batch.positions.as_ref().map(|p| rows(p.iter().map(|&x| x.into()).collect())),
+                "document_starts": batch.positions.as_ref().map(|_| {
+                    (0..batch.batch_size).map(|r| batch.document_starts(r)).collect::<Vec<_>>()
+                }),
             });
             writeln!(out, "{record}").context("writing batches")?;
         }

@@ -12,6 +12,12 @@
 //!   `dP = dO V^T`, `dS = P (dP - rowsum(dO * O))`, then `dQ = s dS K`, `dK += s dS^T Q`,
 //!   `dV += P^T dO`.
 //!
+//! Packed rows (several documents per row) pass each query's document start, like
+//! flash-attention's varlen interface: query `i` then sees keys `start(i)..=i` only. Query blocks
+//! are cut at document starts, so every row of a block shares its first key, and the products
+//! cover only the block's own document: keys of other documents are never computed, and a row of
+//! short documents costs less than one long causal row.
+//!
 //! The products run through the `gemm` crate (the kernel Flex's matmul uses) on `[t, s]` score
 //! blocks of one head at a time, on the task's thread; the causal half above the diagonal is
 //! computed and zeroed (simpler than triangular tiles; a bound to remove with query tiling when
@@ -27,6 +33,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 use super::exp::exp_f32;
 use super::mm::{Threads, mm};
@@ -37,12 +44,14 @@ use super::{dense, flex_training};
 pub trait FusedAttention: Backend {
     /// `softmax(q k^T * scale + causal) v` per query head; query head `h` reads KV head
     /// `h / (hq / hkv)`. `q: [b, hq, t, hd]`, `k`, `v`: `[b, hkv, s, hd]`, `s >= t`, query `i`
-    /// sees keys `0..=s - t + i`.
+    /// sees keys `0..=s - t + i`. With `starts` (`[b, t]`, only when `s == t`), query `i` of
+    /// row `r` sees keys `starts[r t + i]..=i`: its own document in a packed row.
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
+        starts: Option<Arc<[u32]>>,
     ) -> FloatTensor<Self>;
 }
 
@@ -52,8 +61,9 @@ impl FusedAttention for Flex {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
+        starts: Option<Arc<[u32]>>,
     ) -> FloatTensor<Self> {
-        forward(&q, &k, &v, scale).0
+        forward(&q, &k, &v, scale, starts.as_deref()).0
     }
 }
 
@@ -63,12 +73,14 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
+        starts: Option<Arc<[u32]>>,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct AttentionBackward;
 
         impl Backward<Flex, 3> for AttentionBackward {
-            /// `q`, `k`, `v`, the output, the log-sum-exp per query row, and the scale.
+            /// `q`, `k`, `v`, the output, the log-sum-exp per query row, the scale and the
+            /// document starts.
             type State = (
                 FlexTensor,
                 FlexTensor,
@@ -76,6 +88,7 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
                 FlexTensor,
                 FlexTensor,
                 f32,
+                Option<Arc<[u32]>>,
             );
 
             fn backward(
@@ -86,8 +99,9 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
             ) {
                 let [node_q, node_k, node_v] = ops.parents;
                 let d_out = grads.consume::<Flex>(&ops.node);
-                let (q, k, v, out, lse, scale) = ops.state;
-                let (dq, dk, dv) = backward(&d_out, &q, &k, &v, &out, &lse, scale);
+                let (q, k, v, out, lse, scale, starts) = ops.state;
+                let (dq, dk, dv) =
+                    backward(&d_out, &q, &k, &v, &out, &lse, scale, starts.as_deref());
                 if let Some(node) = node_q {
                     grads.register::<Flex>(node.id, dq);
                 }
@@ -111,18 +125,26 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
                     dense(k.primitive()),
                     dense(v.primitive()),
                 );
-                let (out, lse) = forward(&qp, &kp, &vp, scale);
-                prep.finish((qp, kp, vp, out.clone(), lse, scale), out)
+                let (out, lse) = forward(&qp, &kp, &vp, scale, starts.as_deref());
+                prep.finish((qp, kp, vp, out.clone(), lse, scale, starts), out)
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(forward(q.primitive(), k.primitive(), v.primitive(), scale).0)
-            }
+            OpsKind::UnTracked(prep) => prep.finish(
+                forward(
+                    q.primitive(),
+                    k.primitive(),
+                    v.primitive(),
+                    scale,
+                    starts.as_deref(),
+                )
+                .0,
+            ),
         }
     }
 }
 
 /// The fused causal attention on Flex (autodiff or not) in f32; `None` elsewhere, for the
-/// composed path.
+/// composed path. `starts` (`[b, t]`, see [`crate::documents::Documents::starts`]) keeps the
+/// documents of packed rows apart; it requires `s == t` (no KV cache).
 ///
 /// # Shapes
 /// - `q`: `[b, hq, t, hd]`, `k`, `v`: `[b, hkv, s, hd]` -> `[b, hq, t, hd]`
@@ -131,6 +153,7 @@ pub fn causal_attention(
     k: &Tensor<4>,
     v: &Tensor<4>,
     scale: f32,
+    starts: Option<&Arc<[u32]>>,
 ) -> Option<Tensor<4>> {
     let [b, hq, t, hd] = q.dims();
     let [bk, hkv, s, hdk] = k.dims();
@@ -144,7 +167,8 @@ pub fn causal_attention(
         && hkv > 0
         && hq % hkv == 0
         && s >= t
-        && t > 0;
+        && t > 0
+        && starts.is_none_or(|st| s == t && st.len() == b * t && starts_are_valid(st, t));
     if !ok {
         return None;
     }
@@ -154,8 +178,19 @@ pub fn causal_attention(
             k.clone().into_dispatch(),
             v.clone().into_dispatch(),
             scale,
+            starts.cloned(),
         ),
     ))
+}
+
+/// Each query's start is at most the query itself and never decreases along a row, so the
+/// kernel's blocks and slices stay in range (what [`crate::documents::Documents`] guarantees).
+fn starts_are_valid(starts: &[u32], t: usize) -> bool {
+    starts.chunks(t).all(|row| {
+        row.iter()
+            .enumerate()
+            .all(|(i, &st)| st as usize <= i && (i == 0 || st == row[i - 1] || st as usize == i))
+    })
 }
 
 /// Shapes of one call.
@@ -224,13 +259,36 @@ impl Dims {
         );
     }
 
-    /// The query rows in blocks of [`QUERY_BLOCK`]: `(first row, rows, keys visible to the
-    /// block's last row)`. Products stop at those keys, so the causal upper triangle costs only
-    /// its part inside each block's diagonal tile.
-    fn query_blocks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..self.t).step_by(QUERY_BLOCK).map(|r0| {
-            let rows = QUERY_BLOCK.min(self.t - r0);
-            (r0, rows, self.visible(r0 + rows - 1))
+    /// The query rows in blocks of at most [`QUERY_BLOCK`]: `(first row, rows, first key, keys
+    /// visible to the block's last row)`. Products stop at those keys, so the causal upper
+    /// triangle costs only its part inside each block's diagonal tile. With document `starts`
+    /// (this batch row's `t` values) a block never crosses a document start, so all its rows
+    /// share the first key, and keys of earlier documents are skipped.
+    fn query_blocks<'s>(
+        &self,
+        starts: Option<&'s [u32]>,
+    ) -> impl Iterator<Item = (usize, usize, usize, usize)> + 's {
+        let dm = *self;
+        let mut r0 = 0;
+        std::iter::from_fn(move || {
+            if r0 >= dm.t {
+                return None;
+            }
+            let mut rows = QUERY_BLOCK.min(dm.t - r0);
+            let k0 = match starts {
+                Some(st) => {
+                    let first = st[r0];
+                    rows = st[r0 + 1..r0 + rows]
+                        .iter()
+                        .position(|&x| x != first)
+                        .map_or(rows, |p| p + 1);
+                    first as usize
+                }
+                None => 0,
+            };
+            let block = (r0, rows, k0, dm.visible(r0 + rows - 1));
+            r0 += rows;
+            Some(block)
         })
     }
 }
@@ -238,7 +296,13 @@ impl Dims {
 /// Query rows per block: one height of the `gemm` micro-kernel (4 AVX-512 registers of 16).
 const QUERY_BLOCK: usize = 64;
 
-fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexTensor, FlexTensor) {
+fn forward(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    scale: f32,
+    starts: Option<&[u32]>,
+) -> (FlexTensor, FlexTensor) {
     let (q, k, v) = (dense(q), dense(k), dense(v));
     let dm = Dims::of(&q, &k);
     let Dims { b, hq, t, hd, .. } = dm;
@@ -258,6 +322,7 @@ fn forward(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, scale: f32) -> (FlexT
                 ks,
                 vs,
                 scale,
+                starts: starts.map(|st| &st[(task / dm.hkv) * t..(task / dm.hkv + 1) * t]),
             };
             args.run(o, l);
         });
@@ -275,6 +340,8 @@ struct ForwardTask<'a> {
     ks: &'a [f32],
     vs: &'a [f32],
     scale: f32,
+    /// This batch row's document starts (`t` values), if packed.
+    starts: Option<&'a [u32]>,
 }
 
 impl ForwardTask<'_> {
@@ -287,23 +354,25 @@ impl ForwardTask<'_> {
         let mut p = self.dm.block_buffer();
         for g in 0..group {
             let q = &self.qs[self.dm.query_head(bi, kh * group + g)];
-            for (r0, rows, keys) in self.dm.query_blocks() {
-                // S = Q K^T over the block's visible keys, then each row's causal softmax in
-                // place (P), keeping its log-sum-exp.
+            for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
+                // S = Q K^T over the block's visible keys `k0..keys` (column `j` of the buffer
+                // is key `k0 + j`), then each row's causal softmax in place (P), keeping its
+                // log-sum-exp.
+                let n = keys - k0;
                 let qb = &q[r0 * hd..(r0 + rows) * hd];
-                self.dm.block_scores(qb, k, rows, keys, &mut p);
+                self.dm.block_scores(qb, &k[k0 * hd..], rows, n, &mut p);
                 for i in 0..rows {
-                    let row = &mut p[i * s..i * s + keys];
-                    l[g * t + r0 + i] = softmax_row(row, self.dm.visible(r0 + i), self.scale);
+                    let row = &mut p[i * s..i * s + n];
+                    l[g * t + r0 + i] = softmax_row(row, self.dm.visible(r0 + i) - k0, self.scale);
                 }
                 // O = P V.
                 let ob = &mut o[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
                 mm(
                     rows,
                     hd,
-                    keys,
+                    n,
                     (&p, s, 1),
-                    (v, hd, 1),
+                    (&v[k0 * hd..], hd, 1),
                     (ob, hd),
                     false,
                     Threads::One,
@@ -325,6 +394,8 @@ struct BackwardTask<'a> {
     dos: &'a [f32],
     ls: &'a [f32],
     scale: f32,
+    /// This batch row's document starts (`t` values), if packed.
+    starts: Option<&'a [u32]>,
 }
 
 impl BackwardTask<'_> {
@@ -344,51 +415,54 @@ impl BackwardTask<'_> {
                 &self.os[span.clone()],
                 &self.dos[span],
             );
-            for (r0, rows, keys) in self.dm.query_blocks() {
+            for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
                 let block = r0 * hd..(r0 + rows) * hd;
                 let (qb, ob, dob) = (&q[block.clone()], &o[block.clone()], &d_o[block]);
+                // Keys `k0..keys` (buffer column `j` is key `k0 + j`).
+                let (kb, vb) = (&k[k0 * hd..], &v[k0 * hd..]);
+                let nk = keys - k0;
                 // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
-                self.dm.block_scores(qb, k, rows, keys, &mut p);
-                self.dm.block_scores(dob, v, rows, keys, &mut ds);
+                self.dm.block_scores(qb, kb, rows, nk, &mut p);
+                self.dm.block_scores(dob, vb, rows, nk, &mut ds);
                 for i in 0..rows {
-                    let n = self.dm.visible(r0 + i);
+                    let n = self.dm.visible(r0 + i) - k0;
                     let lse = self.ls[(bi * hq + h) * t + r0 + i];
                     let dd: f32 = dob[i * hd..(i + 1) * hd]
                         .iter()
                         .zip(&ob[i * hd..(i + 1) * hd])
                         .map(|(a, c)| a * c)
                         .sum();
-                    let (pr, dr) = (&mut p[i * s..i * s + keys], &mut ds[i * s..i * s + keys]);
+                    let (pr, dr) = (&mut p[i * s..i * s + nk], &mut ds[i * s..i * s + nk]);
                     score_gradient_row(pr, dr, n, scale, lse, dd);
                 }
                 // dQ = dS K; dK += dS^T Q; dV += P^T dO (over the block's visible keys).
                 mm(
                     rows,
                     hd,
-                    keys,
+                    nk,
                     (&ds, s, 1),
-                    (k, hd, 1),
+                    (kb, hd, 1),
                     (&mut dqc[(g * t + r0) * hd..(g * t + r0 + rows) * hd], hd),
                     false,
                     Threads::One,
                 );
                 mm(
-                    keys,
+                    nk,
                     hd,
                     rows,
                     (&ds, 1, s),
                     (qb, hd, 1),
-                    (dkc, hd),
+                    (&mut dkc[k0 * hd..], hd),
                     true,
                     Threads::One,
                 );
                 mm(
-                    keys,
+                    nk,
                     hd,
                     rows,
                     (&p, 1, s),
                     (dob, hd, 1),
-                    (dvc, hd),
+                    (&mut dvc[k0 * hd..], hd),
                     true,
                     Threads::One,
                 );
@@ -504,7 +578,7 @@ fn score_gradient_row_generic(
     d_dead.fill(0.0);
 }
 
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn backward(
     d_out: &FlexTensor,
     q: &FlexTensor,
@@ -513,6 +587,7 @@ fn backward(
     out: &FlexTensor,
     lse: &FlexTensor,
     scale: f32,
+    starts: Option<&[u32]>,
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
     let d_out = dense(d_out);
     let dm = Dims::of(q, k);
@@ -549,6 +624,7 @@ fn backward(
                 dos,
                 ls,
                 scale,
+                starts: starts.map(|st| &st[(task / hkv) * t..(task / hkv + 1) * t]),
             };
             args.run(dqc, dkc, dvc);
         });
@@ -583,6 +659,64 @@ mod tests {
         attention(q, rep(k), rep(v), None, None, options)
     }
 
+    /// Packed rows: the kernel with per-query document starts against Burn's attention with the
+    /// equivalent block-diagonal causal mask, values and q/k/v gradients. Boundaries fall inside
+    /// the first 64-row query block and a document crosses its end; a one-token document; one
+    /// row is a single document.
+    #[test]
+    fn fused_attention_keeps_packed_documents_apart() {
+        use crate::documents::Documents;
+        let device = Device::flex().autodiff();
+        let (b, hq, hkv, t, hd) = (3, 4, 2, 100, 8);
+        let lens: [&[usize]; 3] = [&[30, 1, 45, 24], &[100], &[64, 36]];
+        let mut positions = Vec::new();
+        for row in lens {
+            for &n in row {
+                positions.extend(0..n as u32);
+            }
+        }
+        let docs = Documents::new(b, t, positions).unwrap();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let q = Tensor::<4>::random([b, hq, t, hd], normal, &device).require_grad();
+        let k = Tensor::<4>::random([b, hkv, t, hd], normal, &device).require_grad();
+        let v = Tensor::<4>::random([b, hkv, t, hd], normal, &device).require_grad();
+        let d_out = Tensor::<4>::random([b, hq, t, hd], normal, &device);
+        let scale = (hd as f32).powf(-0.5);
+        let fused = causal_attention(&q, &k, &v, scale, Some(docs.starts()))
+            .expect("flex autodiff takes the kernel");
+        let rep = |x: Tensor<4>| {
+            x.unsqueeze_dim::<5>(2)
+                .expand([b, hkv, hq / hkv, t, hd])
+                .reshape([b, hq, t, hd])
+        };
+        let options = AttentionModuleOptions {
+            scale: Some(f64::from(scale)),
+            softcap: None,
+            is_causal: false,
+        };
+        let mask = docs.mask(&device).expand([b, hq, t, t]);
+        let reference = attention(
+            q.clone(),
+            rep(k.clone()),
+            rep(v.clone()),
+            Some(mask),
+            None,
+            options,
+        );
+        let value = (fused.clone() - reference.clone())
+            .abs()
+            .max()
+            .into_scalar::<f32>();
+        assert!(value <= 2e-5, "outputs differ by {value}");
+        let ga = (fused * d_out.clone()).sum().backward();
+        let gb = (reference * d_out).sum().backward();
+        for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
+            let (a, c) = (x.grad(&ga).unwrap(), x.grad(&gb).unwrap());
+            let diff = (a - c).abs().max().into_scalar::<f32>();
+            assert!(diff <= 5e-5, "d{name} differs by {diff}");
+        }
+    }
+
     /// Values and the gradients of q, k and v against Burn's attention (GQA by repeating KV
     /// heads), on Flex with autodiff; `s > t` checks the bottom-right causal alignment.
     #[test]
@@ -601,7 +735,7 @@ mod tests {
             let d_out = Tensor::<4>::random([b, hq, t, hd], normal, &device);
             let scale = (hd as f32).powf(-0.5) * 1.5;
             let fused =
-                causal_attention(&q, &k, &v, scale).expect("flex autodiff takes the kernel");
+                causal_attention(&q, &k, &v, scale, None).expect("flex autodiff takes the kernel");
             let reference = composed(q.clone(), k.clone(), v.clone(), scale);
             let value = (fused.clone() - reference.clone())
                 .abs()

@@ -25,7 +25,8 @@ use super::{dense, flex_training};
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedRope: Backend {
     /// `x cos + rotate_half(x) sin` for `x: [b, heads, t, d]` (any strides, unit stride on the
-    /// last axis or not) and tables `cos`, `sin`: `[t, d]`; the output is contiguous.
+    /// last axis or not) and tables `cos`, `sin`: `[rows, t, d]` with `rows` 1 (shared by the
+    /// batch rows) or `b` (one table per row: packed documents); the output is contiguous.
     fn rope(
         x: FloatTensor<Self>,
         cos: FloatTensor<Self>,
@@ -93,16 +94,18 @@ impl<C: CheckpointStrategy> FusedRope for Autodiff<Flex, C> {
 /// composed path.
 ///
 /// # Shapes
-/// - `x`: `[b, heads, t, d]`, `cos`, `sin`: `[t, d]` -> `[b, heads, t, d]`
-pub fn rope(x: &Tensor<4>, cos: &Tensor<2>, sin: &Tensor<2>) -> Option<Tensor<4>> {
-    let [_, _, t, d] = x.dims();
+/// - `x`: `[b, heads, t, d]`, `cos`, `sin`: `[1 or b, t, d]` -> `[b, heads, t, d]`
+pub fn rope(x: &Tensor<4>, cos: &Tensor<3>, sin: &Tensor<3>) -> Option<Tensor<4>> {
+    let [b, _, t, d] = x.dims();
+    let rows = cos.dims()[0];
     let ok = flex_training(&x.device())
         && [x.dtype(), cos.dtype(), sin.dtype()]
             .iter()
             .all(|dt| *dt == DType::F32)
         && d % 2 == 0
-        && cos.dims() == [t, d]
-        && sin.dims() == [t, d];
+        && (rows == 1 || rows == b)
+        && cos.dims() == [rows, t, d]
+        && sin.dims() == [rows, t, d];
     if !ok {
         return None;
     }
@@ -130,6 +133,8 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
     let xs = x.storage::<f32>();
     let (cs, ss) = (cos.storage::<f32>(), sin.storage::<f32>());
     let half = d / 2;
+    // One table for all rows, or one per row (packed documents).
+    let per_row = cos.layout().shape()[0] > 1;
     let mut out = vec![0.0f32; b * h * t * d];
     // One task per (batch row, head): `t` rows of `d`, read through the input's strides.
     out.par_chunks_mut(t * d)
@@ -143,7 +148,8 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
                     + hi as isize * strides[1]
                     + ti as isize * strides[2];
                 let at = |j: usize| xs[(base + j as isize * strides[3]) as usize];
-                let (c, s) = (&cs[ti * d..(ti + 1) * d], &ss[ti * d..(ti + 1) * d]);
+                let tr = if per_row { bi * t + ti } else { ti };
+                let (c, s) = (&cs[tr * d..(tr + 1) * d], &ss[tr * d..(tr + 1) * d]);
                 let row = &mut o[ti * d..(ti + 1) * d];
                 for j in 0..half {
                     let (lo, hi) = (at(j), at(j + half));
@@ -168,13 +174,13 @@ mod tests {
     use super::*;
     use burn::tensor::{Device, Distribution};
 
-    fn composed(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>) -> Tensor<4> {
+    fn composed(x: Tensor<4>, cos: Tensor<3>, sin: Tensor<3>) -> Tensor<4> {
         let [_, _, _, d] = x.dims();
         let half = d / 2;
         let x1 = x.clone().narrow(3, 0, half);
         let x2 = x.clone().narrow(3, half, half);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x * cos.unsqueeze::<4>() + rotated * sin.unsqueeze::<4>()
+        x * cos.unsqueeze_dim::<4>(1) + rotated * sin.unsqueeze_dim::<4>(1)
     }
 
     /// Values and input gradients against the composed rotation, on a strided (`swap_dims`)
@@ -184,10 +190,17 @@ mod tests {
     fn fused_rope_matches_the_composed_rotation() {
         let device = Device::flex().autodiff();
         let normal = Distribution::Normal(0.0, 1.0);
-        for (b, t, h, d) in [(2, 5, 3, 8), (1, 17, 4, 32), (3, 1, 2, 64)] {
+        // The last two shapes have one table per batch row (packed documents' positions).
+        for (b, t, h, d, rows) in [
+            (2, 5, 3, 8, 1),
+            (1, 17, 4, 32, 1),
+            (3, 1, 2, 64, 1),
+            (3, 7, 2, 8, 3),
+            (2, 17, 4, 32, 2),
+        ] {
             let x = Tensor::<4>::random([b, t, h, d], normal, &device).require_grad();
-            let cos = Tensor::<2>::random([t, d], normal, &device);
-            let sin = Tensor::<2>::random([t, d], normal, &device);
+            let cos = Tensor::<3>::random([rows, t, d], normal, &device);
+            let sin = Tensor::<3>::random([rows, t, d], normal, &device);
             // [b, h, t, d], strided; one view per graph (each backward consumes its own).
             let view = || x.clone().swap_dims(1, 2);
             let dy = Tensor::<4>::random([b, h, t, d], normal, &device);

@@ -264,6 +264,14 @@ impl RunConfig {
                 ),
             ));
         }
+        if self.data.kind == DataKind::Sft && !self.data.pack && data.contains_key("document_mask")
+        {
+            return Err(TrainError::config(
+                "data.document_mask",
+                "is only read with data.pack = true (one conversation per row has nothing to \
+                 keep apart); remove it",
+            ));
+        }
         Ok(())
     }
 

@@ -50,6 +50,10 @@ pub struct DataConfig {
     pub sampling: SampleMode,
     /// SFT: pack several conversations per row (true) or one per row, padded (false).
     pub pack: bool,
+    /// Keep the documents of a packed row apart: attention stays within each document and RoPE
+    /// positions restart at 0 at each document start. Text: documents end at the tokenizer's
+    /// end-of-document separator; SFT (with `pack`): each conversation is a document.
+    pub document_mask: bool,
     /// Batches prepared ahead by the background loader.
     pub prefetch: usize,
 }
@@ -66,6 +70,7 @@ impl Default for DataConfig {
             text_field: "text".into(),
             sampling: SampleMode::Random,
             pack: true,
+            document_mask: true,
             prefetch: 4,
         }
     }

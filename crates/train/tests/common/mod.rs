@@ -63,6 +63,7 @@ pub fn lcg_batch(rows: usize, t: usize, seed: u64) -> Batch {
         inputs,
         targets,
         attention_mask: None,
+        positions: None,
     }
 }
 
