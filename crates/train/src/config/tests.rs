@@ -104,6 +104,20 @@ fn data_keys_of_the_other_kind_are_refused() {
     }
     load(&["data.kind=\"sft\"", "data.pack=false"]).unwrap();
     load(&["data.sampling=\"epochs\""]).unwrap();
+    // The document mask is read by text runs and packed SFT rows only.
+    let e = load(&[
+        "data.kind=\"sft\"",
+        "data.pack=false",
+        "data.document_mask=false",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("data.document_mask") && e.contains("pack"),
+        "{e}"
+    );
+    load(&["data.kind=\"sft\"", "data.document_mask=false"]).unwrap();
+    load(&["data.document_mask=false"]).unwrap();
 }
 
 #[test]
