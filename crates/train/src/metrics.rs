@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use qwen_burn_model::Qwen3Config;
+use qwen_burn_model::{Qwen3Config, RouterStats};
 use serde_json::Value;
 
 use crate::error::{Result, TrainError};
@@ -126,5 +126,121 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.finish();
         }
+    }
+}
+
+/// The worst MoE layer of a step: what the progress line and `metrics.jsonl` (`moe_worst`) show
+/// at every logging interval, so a collapse is visible without reading per-layer figures.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MoeWorst {
+    /// The layer (index among the MoE layers) with the largest max/mean load.
+    pub layer: usize,
+    /// Its max/mean expert load over the whole step (1 = balanced; `E / k` = every token of
+    /// the layer on the same `k` experts).
+    pub max_over_mean_load: f64,
+    /// The largest share of experts that received no token, over all MoE layers.
+    pub dead_expert_fraction: f64,
+}
+
+impl MoeWorst {
+    /// The worst of a step's per-layer statistics; `None` without MoE layers.
+    pub fn of(layers: &[RouterStats]) -> Option<Self> {
+        let (layer, worst) = layers
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.max_over_mean_load.total_cmp(&b.1.max_over_mean_load))?;
+        Some(Self {
+            layer,
+            max_over_mean_load: worst.max_over_mean_load,
+            dead_expert_fraction: layers
+                .iter()
+                .map(|l| l.dead_expert_fraction)
+                .fold(0.0, f64::max),
+        })
+    }
+}
+
+/// Watches every step's per-layer expert loads and says when a layer stays collapsed: its
+/// max/mean load above [`CollapseWatch::THRESHOLD`] for [`CollapseWatch::STEPS`] steps in a row
+/// (once per episode; a step back under the threshold ends it).
+#[derive(Debug, Default)]
+pub struct CollapseWatch {
+    /// Per layer: consecutive steps over the threshold so far.
+    streak: Vec<usize>,
+}
+
+impl CollapseWatch {
+    /// Max/mean load above which a step counts as collapsed (2 = the busiest expert takes twice
+    /// its share).
+    pub const THRESHOLD: f64 = 2.0;
+    /// Consecutive collapsed steps before the warning.
+    pub const STEPS: usize = 20;
+
+    /// Record one step; returns a warning for each layer whose collapse just reached
+    /// [`Self::STEPS`] steps.
+    pub fn observe(&mut self, step: usize, layers: &[RouterStats]) -> Vec<String> {
+        self.streak.resize(layers.len(), 0);
+        let mut warnings = Vec::new();
+        for (i, (l, streak)) in layers.iter().zip(&mut self.streak).enumerate() {
+            if l.max_over_mean_load > Self::THRESHOLD {
+                *streak += 1;
+            } else {
+                *streak = 0;
+            }
+            if *streak == Self::STEPS {
+                let experts = l.tokens_per_expert.len();
+                let dead = (l.dead_expert_fraction * experts as f64).round() as usize;
+                warnings.push(format!(
+                    "warning: MoE layer {i} has been collapsed for {} steps (step {step}: max/mean \
+                     expert load {:.2} > {}, {dead} of {experts} experts idle); its routing is \
+                     not balanced, so per-expert results of this run are not comparable",
+                    Self::STEPS,
+                    l.max_over_mean_load,
+                    Self::THRESHOLD
+                ));
+            }
+        }
+        warnings
+    }
+}
+
+#[cfg(test)]
+mod collapse_tests {
+    use super::*;
+
+    fn layer(counts: &[usize]) -> RouterStats {
+        RouterStats::from_counts(counts, 1.0)
+    }
+
+    #[test]
+    fn a_layer_collapsed_for_twenty_steps_is_reported_once() {
+        let mut watch = CollapseWatch::default();
+        let balanced = layer(&[10, 10, 10, 10]);
+        let collapsed = layer(&[40, 0, 0, 0]);
+        let mut warned = Vec::new();
+        for step in 1..=60 {
+            // Layer 1 collapses from step 11 on, with one balanced step at 25 that restarts
+            // the count; layer 0 stays balanced.
+            let l1 = if step > 10 && step != 25 {
+                collapsed.clone()
+            } else {
+                balanced.clone()
+            };
+            for w in watch.observe(step, &[balanced.clone(), l1]) {
+                warned.push((step, w));
+            }
+        }
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert_eq!(warned[0].0, 45);
+        assert!(warned[0].1.contains("MoE layer 1"), "{}", warned[0].1);
+        assert!(
+            warned[0].1.contains("3 of 4 experts idle"),
+            "{}",
+            warned[0].1
+        );
+        let worst = MoeWorst::of(&[balanced, collapsed, layer(&[20, 20, 0, 0])]).unwrap();
+        assert_eq!(worst.layer, 1);
+        assert_eq!(worst.max_over_mean_load, 4.0);
+        assert_eq!(worst.dead_expert_fraction, 0.75);
     }
 }

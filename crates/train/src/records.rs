@@ -50,6 +50,10 @@ pub struct TrainRecord {
     /// The same with all MoE layers pooled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_pooled: Option<RouterStats>,
+    /// The worst MoE layer of the step (largest max/mean load) and the largest idle-expert
+    /// share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_worst: Option<crate::metrics::MoeWorst>,
 }
 
 /// A validation measurement.
@@ -146,6 +150,7 @@ mod tests {
             z_loss: None,
             moe: None,
             moe_pooled: None,
+            moe_worst: None,
         });
         let line = serde_json::to_string(&train).unwrap();
         assert!(

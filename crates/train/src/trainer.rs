@@ -24,7 +24,9 @@ use qwen_burn_model::kernels::{in_pool, set_fused_kernels};
 use crate::guard::{check_step, unfit_for_checkpoint};
 use crate::hooks;
 use crate::lock::RunLock;
-use crate::metrics::{MetricsLog, Progress, lora_flops_per_token, train_flops_per_token};
+use crate::metrics::{
+    CollapseWatch, MetricsLog, MoeWorst, Progress, lora_flops_per_token, train_flops_per_token,
+};
 use crate::optim::trainable_params;
 use crate::optim::{apply_update, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
@@ -209,6 +211,7 @@ impl Loop<'_> {
         let mut window_start = Instant::now();
         let mut tokens_this_process = 0usize;
         let mut consecutive_skips = 0usize;
+        let mut collapse = CollapseWatch::default();
 
         if state.step == 0 && t.eval_interval > 0 {
             // The starting point of the validation curve.
@@ -289,8 +292,14 @@ impl Loop<'_> {
             window_tokens += stats.tokens;
             tokens_this_process += stats.tokens;
 
-            // Metrics.
+            // Metrics. Every step's expert loads go through the collapse watch; the logged
+            // steps also carry the worst layer.
             let s = state.step;
+            if stats.aux_loss.is_some() {
+                for warning in collapse.observe(s, &stats.router_stats()) {
+                    progress.line(&warning);
+                }
+            }
             let last = s == max_steps;
             if s.is_multiple_of(cfg.logging.interval) || last || s == 1 || skipped {
                 let secs = window_start.elapsed().as_secs_f64().max(1e-9);
@@ -311,6 +320,7 @@ impl Loop<'_> {
                     z_loss: stats.z_loss,
                     moe: moe.then(|| stats.router_stats()),
                     moe_pooled: stats.pooled_router_stats().filter(|_| moe),
+                    moe_worst: moe.then(|| MoeWorst::of(&stats.router_stats())).flatten(),
                 });
                 self.metrics.write(&record)?;
                 let mut line = format!(
@@ -320,12 +330,16 @@ impl Loop<'_> {
                     mfu * 100.0
                 );
                 if let Some(aux) = stats.aux_loss {
-                    let imbalance = stats
-                        .router_stats()
-                        .iter()
-                        .map(|r| r.max_over_mean_load)
-                        .fold(0.0, f64::max);
-                    line.push_str(&format!(" | aux {aux:.4} | max/mean load {imbalance:.2}"));
+                    line.push_str(&format!(" | aux {aux:.4}"));
+                    let layers = stats.router_stats();
+                    if let Some(w) = MoeWorst::of(&layers) {
+                        line.push_str(&format!(
+                            " | worst layer {}: max/mean load {:.2}, idle experts {:.0}%",
+                            w.layer,
+                            w.max_over_mean_load,
+                            w.dead_expert_fraction * 100.0
+                        ));
+                    }
                 }
                 progress.line(&line);
                 window_tokens = 0;
