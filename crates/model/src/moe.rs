@@ -8,6 +8,10 @@
 //! so autodiff flows through it on every backend; the slot write-back has no duplicate indices,
 //! which keeps it deterministic on GPUs as well. On Flex, from 64 tokens up, the same computation
 //! runs as one fused operation with its own backward (`crate::kernels::moe_experts`).
+//!
+//! With `router_capacity_factor` (training forwards only) each sequence caps every expert at
+//! that factor times its share of the sequence's slots, in position order, so balance holds
+//! even while the router cannot tell tokens apart ([`capacity_limited_topk`]).
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear};
@@ -33,6 +37,8 @@ pub struct SparseMoe {
     pub top_k: usize,
     /// Renormalise the selected probabilities.
     pub norm_topk_prob: bool,
+    /// Training-time expert capacity per sequence (`router_capacity_factor`; 0 = none).
+    pub capacity_factor: f64,
 }
 
 /// What a MoE layer reports besides its output.
@@ -43,6 +49,9 @@ pub struct RouterOutput {
     /// Slots routed to each expert in this forward (`sum = b * t * k`), from the selection
     /// actually used (biased when aux-loss-free balancing is on).
     pub expert_counts: Vec<usize>,
+    /// Under a training-time capacity: the counts the router (and bias) would have chosen
+    /// without it, what validation and generation route by. `None` without a capacity.
+    pub uncapped_counts: Option<Vec<usize>>,
 }
 
 impl SparseMoe {
@@ -61,6 +70,7 @@ impl SparseMoe {
             }),
             top_k: moe.num_experts_per_tok,
             norm_topk_prob: moe.norm_topk_prob,
+            capacity_factor: moe.router_capacity_factor,
         }
     }
 
@@ -89,6 +99,32 @@ impl SparseMoe {
                 (probs.clone().gather(1, indices.clone()), indices)
             }
         }; // [n, k] each
+
+        // Training forwards under a capacity: each sequence's tokens, in position order, take
+        // their best experts that still have room (the biased scores rank them, as above).
+        let capped = (self.capacity_factor > 0.0 && is_autodiff(&x.device())).then(|| {
+            let scores = match &self.routing_bias {
+                None => probs.clone().detach(),
+                Some(bias) => probs.clone().detach() + bias.val().detach().unsqueeze::<2>(),
+            };
+            let scores: Vec<f32> = scores
+                .try_into_vec_as::<f32>()
+                .expect("router scores are readable");
+            capacity_limited_topk(&scores, b, t, e, k, self.capacity_factor)
+        });
+        let (weights, indices, uncapped_counts) = match capped {
+            Some(ids) => {
+                let uncapped = expert_counts(&indices, e);
+                let indices =
+                    Tensor::<2, Int>::from_data(TensorData::new(ids, [n, k]), &x.device());
+                (
+                    probs.clone().gather(1, indices.clone()),
+                    indices,
+                    Some(uncapped),
+                )
+            }
+            None => (weights, indices, None),
+        };
         let weights = if self.norm_topk_prob {
             weights.clone() / weights.sum_dim(1)
         } else {
@@ -108,6 +144,7 @@ impl SparseMoe {
             let router = RouterOutput {
                 logits,
                 expert_counts: counts,
+                uncapped_counts,
             };
             return (y.reshape([b, t, h]), router);
         }
@@ -153,9 +190,80 @@ impl SparseMoe {
             RouterOutput {
                 logits,
                 expert_counts: counts,
+                uncapped_counts,
             },
         )
     }
+}
+
+/// Whether `device` records gradients (a training forward).
+fn is_autodiff(device: &Device) -> bool {
+    use burn::backend::DispatchDevice;
+    matches!(device.as_dispatch(), DispatchDevice::Autodiff(_))
+}
+
+/// Slots per expert of a `[n, k]` selection.
+fn expert_counts(indices: &Tensor<2, Int>, e: usize) -> Vec<usize> {
+    let ids: Vec<i64> = indices
+        .clone()
+        .try_into_vec_as::<i64>()
+        .expect("router indices are readable");
+    let mut counts = vec![0usize; e];
+    for &id in &ids {
+        counts[id as usize] += 1;
+    }
+    counts
+}
+
+/// Top-k under a per-sequence expert capacity: `scores` is `[rows * t, e]` (row-major, each
+/// row a sequence of `t` tokens). Token `p` of a row takes, best score first, the experts that
+/// hold fewer than `max(1, ceil(factor * (p + 1) * k / e))` of its row's earlier slots; the
+/// limit never stops a token from finding `k` experts when `factor >= 1` (a token short of
+/// room, possible only by rounding, takes its best remaining experts). So every expert holds at
+/// most about `factor` times its share of every prefix, and a token's experts depend only on the
+/// tokens before it in its row: causal, like the model, and independent of the other rows.
+/// Returns `[rows * t, k]` expert ids, best first.
+pub fn capacity_limited_topk(
+    scores: &[f32],
+    rows: usize,
+    t: usize,
+    e: usize,
+    k: usize,
+    factor: f64,
+) -> Vec<i64> {
+    let mut out = Vec::with_capacity(rows * t * k);
+    let mut order: Vec<usize> = Vec::with_capacity(e);
+    for r in 0..rows {
+        let mut load = vec![0usize; e];
+        for p in 0..t {
+            let cap = ((factor * ((p + 1) * k) as f64 / e as f64).ceil() as usize).max(1);
+            let s = &scores[(r * t + p) * e..(r * t + p + 1) * e];
+            order.clear();
+            order.extend(0..e);
+            order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+            let start = out.len();
+            for &x in &order {
+                if out.len() - start == k {
+                    break;
+                }
+                if load[x] < cap {
+                    out.push(x as i64);
+                }
+            }
+            for &x in &order {
+                if out.len() - start == k {
+                    break;
+                }
+                if !out[start..].contains(&(x as i64)) {
+                    out.push(x as i64);
+                }
+            }
+            for &x in &out[start..] {
+                load[x as usize] += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Fewest tokens for which a MoE layer runs its experts through the fused kernel.

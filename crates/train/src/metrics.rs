@@ -140,11 +140,16 @@ pub struct MoeWorst {
     pub max_over_mean_load: f64,
     /// The largest share of experts that received no token, over all MoE layers.
     pub dead_expert_fraction: f64,
+    /// Under a training-time capacity: the worst layer's max/mean load of the router's own
+    /// choices without it (how validation and generation route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncapped_max_over_mean_load: Option<f64>,
 }
 
 impl MoeWorst {
-    /// The worst of a step's per-layer statistics; `None` without MoE layers.
-    pub fn of(layers: &[RouterStats]) -> Option<Self> {
+    /// The worst of a step's per-layer statistics, with the uncapped counts of a training-time
+    /// capacity (empty without one); `None` without MoE layers.
+    pub fn of(layers: &[RouterStats], uncapped: &[Vec<usize>]) -> Option<Self> {
         let (layer, worst) = layers
             .iter()
             .enumerate()
@@ -156,6 +161,12 @@ impl MoeWorst {
                 .iter()
                 .map(|l| l.dead_expert_fraction)
                 .fold(0.0, f64::max),
+            uncapped_max_over_mean_load: (!uncapped.is_empty()).then(|| {
+                uncapped
+                    .iter()
+                    .map(|c| RouterStats::from_counts(c, 0.0).max_over_mean_load)
+                    .fold(0.0, f64::max)
+            }),
         })
     }
 }
@@ -238,7 +249,10 @@ mod collapse_tests {
             "{}",
             warned[0].1
         );
-        let worst = MoeWorst::of(&[balanced, collapsed, layer(&[20, 20, 0, 0])]).unwrap();
+        let worst = MoeWorst::of(&[balanced, collapsed, layer(&[20, 20, 0, 0])], &[]).unwrap();
+        assert_eq!(worst.uncapped_max_over_mean_load, None);
+        let capped = MoeWorst::of(&[layer(&[10, 10, 10, 10])], &[vec![30, 10, 0, 0]]).unwrap();
+        assert_eq!(capped.uncapped_max_over_mean_load, Some(3.0));
         assert_eq!(worst.layer, 1);
         assert_eq!(worst.max_over_mean_load, 4.0);
         assert_eq!(worst.dead_expert_fraction, 0.75);

@@ -228,7 +228,13 @@ pub fn apply_update(
         .as_ref()
         .map_or(0.0, |m| m.router_bias_update_rate);
     if rate > 0.0 {
-        update_routing_biases(model, &stats.expert_counts, rate)
+        // Under a training-time capacity the bias follows the router's own (uncapped) choices.
+        let counts = if stats.uncapped_counts.is_empty() {
+            &stats.expert_counts
+        } else {
+            &stats.uncapped_counts
+        };
+        update_routing_biases(model, counts, rate)
     } else {
         model
     }

@@ -26,6 +26,7 @@ const MODEL_HYPERPARAMETERS: &[&str] = &[
     "router_z_loss_coef",
     "output_router_logits",
     "router_bias_update_rate",
+    "router_capacity_factor",
     "router_aux_loss_type",
     "initializer_range",
 ];

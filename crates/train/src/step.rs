@@ -39,6 +39,10 @@ pub struct StepStats {
     pub expert_counts: Vec<Vec<usize>>,
     /// Per MoE layer, the router entropy averaged over the step's micro-batches.
     pub router_entropy: Vec<f64>,
+    /// Under a training-time capacity (`router_capacity_factor`), per MoE layer: the slots the
+    /// router and its bias would have sent to each expert without it (empty otherwise). The
+    /// routing bias learns from these, so that routing without the capacity balances too.
+    pub uncapped_counts: Vec<Vec<usize>>,
 }
 
 impl StepStats {
@@ -53,6 +57,7 @@ impl StepStats {
         self.z_loss = add(self.z_loss, other.z_loss);
         self.tokens += other.tokens;
         add_counts(&mut self.expert_counts, &other.expert_counts);
+        add_counts(&mut self.uncapped_counts, &other.uncapped_counts);
         if self.router_entropy.is_empty() {
             self.router_entropy = other.router_entropy;
         } else {
@@ -349,6 +354,11 @@ pub fn forward_backward_part(
         if !routers.is_empty() {
             let counts: Vec<Vec<usize>> = routers.iter().map(|r| r.expert_counts.clone()).collect();
             add_counts(&mut stats.expert_counts, &counts);
+            let uncapped: Vec<Vec<usize>> = routers
+                .iter()
+                .filter_map(|r| r.uncapped_counts.clone())
+                .collect();
+            add_counts(&mut stats.uncapped_counts, &uncapped);
             let entropy: Vec<f64> = routers
                 .iter()
                 .map(|r| RouterStats::mean_entropy(&r.logits) / k)

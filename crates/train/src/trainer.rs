@@ -320,7 +320,9 @@ impl Loop<'_> {
                     z_loss: stats.z_loss,
                     moe: moe.then(|| stats.router_stats()),
                     moe_pooled: stats.pooled_router_stats().filter(|_| moe),
-                    moe_worst: moe.then(|| MoeWorst::of(&stats.router_stats())).flatten(),
+                    moe_worst: moe
+                        .then(|| MoeWorst::of(&stats.router_stats(), &stats.uncapped_counts))
+                        .flatten(),
                 });
                 self.metrics.write(&record)?;
                 let mut line = format!(
@@ -332,13 +334,16 @@ impl Loop<'_> {
                 if let Some(aux) = stats.aux_loss {
                     line.push_str(&format!(" | aux {aux:.4}"));
                     let layers = stats.router_stats();
-                    if let Some(w) = MoeWorst::of(&layers) {
+                    if let Some(w) = MoeWorst::of(&layers, &stats.uncapped_counts) {
                         line.push_str(&format!(
                             " | worst layer {}: max/mean load {:.2}, idle experts {:.0}%",
                             w.layer,
                             w.max_over_mean_load,
                             w.dead_expert_fraction * 100.0
                         ));
+                        if let Some(u) = w.uncapped_max_over_mean_load {
+                            line.push_str(&format!(" (uncapped {u:.2})"));
+                        }
                     }
                 }
                 progress.line(&line);

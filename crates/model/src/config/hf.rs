@@ -104,6 +104,7 @@ hf_config! {
     mlp_only_layers: Vec<usize>,
     router_z_loss_coef: f64,
     router_bias_update_rate: f64,
+    router_capacity_factor: f64,
     router_aux_loss_type: String,
 }
 
@@ -136,6 +137,10 @@ impl HfConfig {
             (
                 "router_bias_update_rate",
                 self.router_bias_update_rate.is_some(),
+            ),
+            (
+                "router_capacity_factor",
+                self.router_capacity_factor.is_some(),
             ),
             ("router_aux_loss_type", self.router_aux_loss_type.is_some()),
         ]
@@ -242,6 +247,7 @@ impl HfConfig {
             mlp_only_layers: self.mlp_only_layers.clone().unwrap_or_default(),
             router_z_loss_coef: self.router_z_loss_coef.unwrap_or(0.0),
             router_bias_update_rate: self.router_bias_update_rate.unwrap_or(0.0),
+            router_capacity_factor: self.router_capacity_factor.unwrap_or(0.0),
             router_aux_loss_type: match self.router_aux_loss_type.as_deref() {
                 None => BalanceLoss::Hf,
                 Some(s) => BalanceLoss::parse(s).ok_or_else(|| {
@@ -314,6 +320,7 @@ impl HfConfig {
             mlp_only_layers: moe.map(|m| m.mlp_only_layers.clone()),
             router_z_loss_coef: moe.map(|m| m.router_z_loss_coef).filter(|&x| x > 0.0),
             router_bias_update_rate: moe.map(|m| m.router_bias_update_rate).filter(|&x| x > 0.0),
+            router_capacity_factor: moe.map(|m| m.router_capacity_factor).filter(|&x| x > 0.0),
             router_aux_loss_type: moe
                 .map(|m| m.router_aux_loss_type)
                 .filter(|&t| t != BalanceLoss::Hf)

@@ -115,6 +115,14 @@ pub struct MoeConfig {
     pub router_z_loss_coef: f64,
     /// Aux-loss-free balancing (DeepSeek-V3): per-expert routing bias update rate; 0 disables it.
     pub router_bias_update_rate: f64,
+    /// Training-time expert capacity per sequence (not an HF key; 0 disables it): in training
+    /// forwards, the token at position `t` of a row takes its best experts among those that hold
+    /// fewer than `ceil(factor * (t + 1) * k / E)` of the row's earlier slots, so no expert ever
+    /// takes more than `factor` times its share of a sequence (Switch / GShard's capacity, with
+    /// position priority and overflow sent to the token's next choice instead of dropped). It is
+    /// causal (a token's experts depend only on the tokens before it in its own row). Validation,
+    /// scoring and generation route without it, as HF does. See `moe.rs`.
+    pub router_capacity_factor: f64,
     /// Which load-balancing loss `router_aux_loss_coef` weighs (not an HF key; `hf` when absent).
     pub router_aux_loss_type: BalanceLoss,
 }
@@ -349,6 +357,17 @@ impl Qwen3Config {
                     format!(
                         "layer {bad} does not exist (num_hidden_layers = {})",
                         self.num_hidden_layers
+                    ),
+                ));
+            }
+            let cf = moe.router_capacity_factor;
+            if !(cf == 0.0 || (cf.is_finite() && cf >= 1.0)) {
+                return Err(ModelError::invalid(
+                    "router_capacity_factor",
+                    format!(
+                        "{cf} (expected 0 for no capacity, or a factor of at least 1 so that every \
+                         token finds its {} experts)",
+                        moe.num_experts_per_tok
                     ),
                 ));
             }

@@ -87,6 +87,7 @@ fn moe_keys_on_a_dense_model_are_refused_in_strict_mode() {
         "mlp_only_layers",
         "router_z_loss_coef",
         "router_bias_update_rate",
+        "router_capacity_factor",
         "router_aux_loss_type",
     ];
     for key in MOE_ONLY_KEYS {

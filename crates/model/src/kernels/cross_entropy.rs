@@ -214,10 +214,14 @@ mod tests {
                     );
                 }
             }
-            // Without the coefficient: the same NLL.
+            // Without the coefficient: the same NLL (the two paths order the tail of a row's
+            // sum differently, so the last bit may differ on some draws).
             let (nll2, none) = cross_entropy_rows(&z, &y, false).unwrap();
             assert!(none.is_none());
-            assert_eq!(nll2.into_data().try_to_vec::<f32>().unwrap(), nll);
+            let nll2 = nll2.into_data().try_to_vec::<f32>().unwrap();
+            for (a, b) in nll2.iter().zip(&nll) {
+                assert!((a - b).abs() <= 2e-6 * b.abs().max(1.0), "{a} vs {b}");
+            }
         }
     }
 }
