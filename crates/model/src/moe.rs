@@ -114,7 +114,7 @@ impl SparseMoe {
         });
         let (weights, indices, uncapped_counts) = match capped {
             Some(ids) => {
-                let uncapped = expert_counts(&indices, e);
+                let uncapped = ids_and_counts(&indices, e).1;
                 let indices =
                     Tensor::<2, Int>::from_data(TensorData::new(ids, [n, k]), &x.device());
                 (
@@ -132,14 +132,7 @@ impl SparseMoe {
         };
 
         // 2. Group the n*k (token, slot) pairs by expert: one read of n*k ids, counting sort.
-        let ids: Vec<i64> = indices
-            .clone()
-            .try_into_vec_as::<i64>()
-            .expect("router indices are readable");
-        let mut counts = vec![0usize; e];
-        for &id in &ids {
-            counts[id as usize] += 1;
-        }
+        let (ids, counts) = ids_and_counts(&indices, e);
         if let Some(y) = self.fused_experts(&x, &weights, &indices) {
             let router = RouterOutput {
                 logits,
@@ -202,8 +195,8 @@ fn is_autodiff(device: &Device) -> bool {
     matches!(device.as_dispatch(), DispatchDevice::Autodiff(_))
 }
 
-/// Slots per expert of a `[n, k]` selection.
-fn expert_counts(indices: &Tensor<2, Int>, e: usize) -> Vec<usize> {
+/// The expert ids of a `[n, k]` selection (one device read) and the slots per expert.
+fn ids_and_counts(indices: &Tensor<2, Int>, e: usize) -> (Vec<i64>, Vec<usize>) {
     let ids: Vec<i64> = indices
         .clone()
         .try_into_vec_as::<i64>()
@@ -212,7 +205,7 @@ fn expert_counts(indices: &Tensor<2, Int>, e: usize) -> Vec<usize> {
     for &id in &ids {
         counts[id as usize] += 1;
     }
-    counts
+    (ids, counts)
 }
 
 /// Top-k under a per-sequence expert capacity: `scores` is `[rows * t, e]` (row-major, each
