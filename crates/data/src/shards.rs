@@ -174,7 +174,10 @@ impl ShardMeta {
             path: path.clone(),
             message: format!("cannot serialise metadata: {e}"),
         })?;
-        std::fs::write(&tmp, json + "\n").map_err(|e| DataError::io(&tmp, e))?;
+        std::fs::write(&tmp, json + "\n").map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            DataError::io(&tmp, e)
+        })?;
         std::fs::rename(&tmp, &path).map_err(|e| DataError::io(&path, e))
     }
 }
@@ -260,7 +263,10 @@ impl ShardWriter {
         f.write_all(&header(self.token_bytes, n))
             .and_then(|_| f.write_all(&self.buf))
             .and_then(|_| f.sync_all())
-            .map_err(|e| DataError::io(&tmp, e))?;
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                DataError::io(&tmp, e)
+            })?;
         std::fs::rename(&tmp, &path).map_err(|e| DataError::io(&path, e))?;
         self.buf.clear();
         self.done.push(ShardFile {

@@ -72,7 +72,11 @@ pub fn copy_tokenizer_json(src: &Path, dest: &Path) -> Result<()> {
     let mut tmp = dest.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(|e| DataError::io(&tmp, e))?;
+    // A failed write (a full disk) leaves no partial temporary file behind.
+    std::fs::write(&tmp, bytes).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        DataError::io(&tmp, e)
+    })?;
     std::fs::rename(&tmp, dest).map_err(|e| DataError::io(dest, e))
 }
 

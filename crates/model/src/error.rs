@@ -14,6 +14,25 @@ pub enum ModelError {
         reason: String,
     },
 
+    /// A model (or a training run) that would not fit in memory, refused before allocating.
+    #[error(
+        "{what} needs about {need} but {available} is available ({limit_source}); the largest \
+         parts: {parts}. Reduce those config fields, or set QWEN_BURN_MEMORY_LIMIT (e.g. 64GiB) \
+         if the estimate is wrong for this machine"
+    )]
+    TooLarge {
+        /// What was about to be built ("the model of config.json", "training").
+        what: String,
+        /// Estimated bytes, human-readable.
+        need: String,
+        /// Available bytes, human-readable.
+        available: String,
+        /// Where the available figure comes from.
+        limit_source: String,
+        /// The biggest terms of the estimate, each naming the config fields it comes from.
+        parts: String,
+    },
+
     /// A `config.json` that is not JSON or does not have the expected types.
     #[error("cannot parse {path}: {reason}")]
     ConfigParse {

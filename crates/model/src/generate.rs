@@ -42,6 +42,30 @@ impl Default for SamplingConfig {
     }
 }
 
+impl SamplingConfig {
+    /// Check the values as HF's `GenerationConfig` and logits warpers do: the temperature is a
+    /// finite number >= 0 (0 = greedy), top-p lies in (0, 1]. `top_k = Some(0)` is allowed and
+    /// means no top-k filter, as in HF. The error names the field.
+    pub fn validate(&self) -> Result<()> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(ModelError::invalid(
+                "temperature",
+                format!("must be a finite number >= 0 (0 = greedy), found {t}"),
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(ModelError::invalid(
+                "top_p",
+                format!("must be in (0, 1] (1 = no nucleus filter), found {p}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Result of a generation.
 #[derive(Debug, Clone)]
 pub struct Generation {
@@ -71,8 +95,9 @@ pub fn sample_next(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
     let mut keep = order.len();
-    if let Some(k) = cfg.top_k {
-        keep = keep.min(k.max(1));
+    // top_k = 0 is HF's "no top-k filter".
+    if let Some(k) = cfg.top_k.filter(|&k| k > 0) {
+        keep = keep.min(k);
     }
     let max = logits[order[0]] / cfg.temperature;
     let mut probs: Vec<f64> = order[..keep]
@@ -144,6 +169,7 @@ fn generate_here(
     device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
+    cfg.validate()?;
     if prompt.is_empty() {
         return Err(ModelError::InvalidInput(
             "the prompt is empty: give at least one token".into(),
@@ -158,7 +184,8 @@ fn generate_here(
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut cache = model.new_cache();
     let mut sequence = prompt.to_vec();
-    let mut new_tokens = Vec::with_capacity(cfg.max_new_tokens);
+    // Grown as tokens come: `max_new_tokens` is a user bound, not a size to reserve.
+    let mut new_tokens = Vec::new();
     let mut stopped = false;
 
     let start = Instant::now();

@@ -94,6 +94,13 @@ impl GenerationConfig {
                 "top_p",
                 "max_new_tokens",
             ];
+            config.validate().map_err(|e| match e {
+                ModelError::InvalidConfig { field, reason } => ModelError::InvalidConfig {
+                    field,
+                    reason: format!("{reason} (in {})", path.display()),
+                },
+                other => other,
+            })?;
             config.unsupported = obj
                 .iter()
                 .filter(|(k, v)| {
@@ -105,6 +112,33 @@ impl GenerationConfig {
                 .collect();
         }
         Ok(config)
+    }
+
+    /// The checks of HF's `GenerationConfig.validate` and its logits warpers on the values we
+    /// read: a finite temperature, strictly positive when sampling (HF refuses 0 and asks for
+    /// `do_sample = false` instead); `top_p` in (0, 1]. `top_k = 0` is allowed: no top-k filter.
+    fn validate(&self) -> Result<()> {
+        if let Some(t) = self.temperature {
+            let ok = t.is_finite() && if self.do_sample { t > 0.0 } else { t >= 0.0 };
+            if !ok {
+                return Err(ModelError::invalid(
+                    "temperature",
+                    format!(
+                        "must be a finite number > 0 when do_sample is true (for greedy \
+                         decoding set do_sample = false), found {t}"
+                    ),
+                ));
+            }
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(ModelError::invalid(
+                "top_p",
+                format!("must be in (0, 1], found {p}"),
+            ));
+        }
+        Ok(())
     }
 
     /// `generation_config.json` in `dir`, if there is one.
@@ -167,6 +201,29 @@ mod tests {
             }
         );
         assert!(g.unsupported.is_empty());
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_naming_the_field_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("generation_config.json");
+        for (json, field) in [
+            (r#"{"do_sample": true, "temperature": -1.0}"#, "temperature"),
+            (r#"{"do_sample": true, "temperature": 0.0}"#, "temperature"),
+            (r#"{"do_sample": true, "top_p": 1.5}"#, "top_p"),
+            (r#"{"do_sample": true, "top_p": -0.1}"#, "top_p"),
+            (r#"{"top_p": 0.0}"#, "top_p"),
+        ] {
+            std::fs::write(&path, json).unwrap();
+            let e = GenerationConfig::from_file(&path).unwrap_err().to_string();
+            assert!(
+                e.contains(field) && e.contains("generation_config.json"),
+                "{json}: {e}"
+            );
+        }
+        // top_k = 0 is HF's "no top-k filter".
+        let g = read(r#"{"do_sample": true, "top_k": 0}"#);
+        assert_eq!(g.sampling().top_k, None);
     }
 
     #[test]

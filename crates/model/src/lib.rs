@@ -20,6 +20,7 @@ pub mod init;
 pub mod kernels;
 pub mod kv_cache;
 pub mod loss;
+pub mod memory;
 pub mod mlp;
 pub mod model;
 pub mod moe;

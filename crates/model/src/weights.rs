@@ -252,7 +252,9 @@ impl ModuleMapper for Loader<'_> {
 impl Qwen3ForCausalLM {
     /// Load an HF model directory (`config.json` + safetensors) onto `device`.
     pub fn from_pretrained(dir: &Path, device: &Device) -> Result<Self> {
-        let config = Qwen3Config::from_file(&dir.join("config.json"))?;
+        let config_path = dir.join("config.json");
+        let config = Qwen3Config::from_file(&config_path)?;
+        config.check_fits_in_memory(&format!("the model of {}", config_path.display()))?;
         let checkpoint = SafetensorsCheckpoint::open(dir)?;
         Self::new(&config, device).load_safetensors(&checkpoint)
     }
@@ -343,6 +345,7 @@ impl Qwen3ForCausalLM {
         let tmp = dir.join("model.safetensors.tmp");
         let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
         safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
             ModelError::Safetensors {
                 path: tmp.clone(),
                 reason: e.to_string(),

@@ -88,7 +88,7 @@ pub fn bench_train(
     };
     let mut optimizer = build_optimizer(&model, &config.optimizer);
     let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
-    let mut times = Vec::with_capacity(steps);
+    let mut times = Vec::with_capacity(steps.min(1 << 16));
     let mut losses = Vec::new();
     for i in 0..warmup + steps {
         let batches: Vec<Batch> = (0..t.grad_accum)

@@ -5,10 +5,12 @@
 //! `optimizer.bpk` (AdamW moments, keyed by parameter id), `config.json` (HF model config),
 //! `run.toml` (the resolved run config) and `state.json` (step, tokens seen, data cursor, seed,
 //! validation loss, git revision). It is written under `step-XXXXXXXX.tmp/`, every file is
-//! fsynced, `state.json` last, and only then renamed into place: a kill at any moment leaves
+//! fsynced, `state.json` last (with the SHA-256 of every other file, checked on load), and only
+//! then renamed into place: a kill at any moment leaves
 //! either the old set of checkpoints or the old set plus a complete new one, never a torn one.
 //! Directories still ending in `.tmp` are leftovers of a crash and are ignored and removed.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +21,7 @@ use burn::tensor::Device;
 use qwen_burn_data::Cursor;
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::config::LoraConfig;
 use crate::error::{Result, TrainError};
@@ -47,6 +50,44 @@ pub struct TrainState {
     pub git_revision: String,
     /// LoRA adapters present in `model.bpk`.
     pub lora: Option<LoraConfig>,
+    /// SHA-256 of each other file of the checkpoint, checked when it is loaded, so that a
+    /// damaged file is found even where its format would still parse. Absent in checkpoints
+    /// written before it existed (then nothing is checked).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sha256: BTreeMap<String, String>,
+}
+
+/// The files of a checkpoint that `state.json` lists with their SHA-256.
+const HASHED_FILES: [&str; 4] = ["model.bpk", "optimizer.bpk", "config.json", "run.toml"];
+
+/// SHA-256 of a file, hex.
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = File::open(path).map_err(|e| TrainError::io("open", path, e))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| TrainError::io("read", path, e))?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Compare the files of checkpoint `dir` with the hashes its `state.json` lists.
+pub fn verify_checkpoint(dir: &Path, state: &TrainState) -> Result<()> {
+    for (name, expected) in &state.sha256 {
+        if !HASHED_FILES.contains(&name.as_str()) {
+            return Err(TrainError::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: format!("state.json lists an unknown file `{name}`"),
+            });
+        }
+        let found = sha256_file(&dir.join(name))?;
+        if &found != expected {
+            return Err(TrainError::Checkpoint {
+                path: dir.join(name),
+                reason: format!(
+                    "the file is damaged: its SHA-256 is {found}, state.json recorded {expected}"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn step_dir_name(step: usize) -> String {
@@ -128,7 +169,29 @@ pub fn save_checkpoint(
         std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io("remove", &tmp, e))?;
     }
     std::fs::create_dir(&tmp).map_err(|e| TrainError::io("create directory", &tmp, e))?;
+    // A failed write (a full disk) removes its partial directory at once instead of leaving it
+    // for the next start.
+    write_checkpoint_files(&tmp, state, model, optimizer, run_toml).inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&tmp);
+    })?;
 
+    if final_dir.exists() {
+        // Re-saving a step (e.g. the final step after a resume that had nothing left to do).
+        std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io("remove", &final_dir, e))?;
+    }
+    std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io("rename", &tmp, e))?;
+    fsync(&parent)?;
+    Ok(final_dir)
+}
+
+/// The files of a checkpoint, each fsynced, `state.json` last.
+fn write_checkpoint_files(
+    tmp: &Path,
+    state: &TrainState,
+    model: &Qwen3ForCausalLM,
+    optimizer: &ModuleOptimizer,
+    run_toml: &str,
+) -> Result<()> {
     let model_path = tmp.join("model.bpk");
     model
         .clone()
@@ -152,17 +215,15 @@ pub fn save_checkpoint(
         serde_json::to_string_pretty(&model.config.to_hf_json()).expect("config serialises");
     write_file(&tmp.join("config.json"), config.as_bytes())?;
     write_file(&tmp.join("run.toml"), run_toml.as_bytes())?;
-    let state_json = serde_json::to_string_pretty(state).expect("state serialises");
-    write_file(&tmp.join("state.json"), state_json.as_bytes())?;
-    fsync(&tmp)?;
-
-    if final_dir.exists() {
-        // Re-saving a step (e.g. the final step after a resume that had nothing left to do).
-        std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io("remove", &final_dir, e))?;
+    let mut state = state.clone();
+    for name in HASHED_FILES {
+        state
+            .sha256
+            .insert(name.to_string(), sha256_file(&tmp.join(name))?);
     }
-    std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io("rename", &tmp, e))?;
-    fsync(&parent)?;
-    Ok(final_dir)
+    let state_json = serde_json::to_string_pretty(&state).expect("state serialises");
+    write_file(&tmp.join("state.json"), state_json.as_bytes())?;
+    fsync(tmp)
 }
 
 /// Keep the newest `keep_last` checkpoints and, with `keep_best`, the one with the lowest
@@ -221,7 +282,10 @@ pub fn apply_lora(model: Qwen3ForCausalLM, lora: &LoraConfig) -> Qwen3ForCausalL
 /// Rebuild the model of a checkpoint on `device`.
 pub fn load_checkpoint_model(dir: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
     let state = load_state(dir)?;
-    let config = Qwen3Config::from_file(&dir.join("config.json"))?;
+    verify_checkpoint(dir, &state)?;
+    let config_path = dir.join("config.json");
+    let config = Qwen3Config::from_file(&config_path)?;
+    config.check_fits_in_memory(&format!("the model of {}", config_path.display()))?;
     let mut model = Qwen3ForCausalLM::new(&config, device);
     if let Some(lora) = &state.lora {
         model = apply_lora(model, lora);
@@ -292,24 +356,78 @@ pub fn find_beside(model_path: &Path, name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Load from the newest complete checkpoint of `run_dir` that `load` accepts. A newer one that
+/// fails to load (a corrupt or truncated file) is reported on stderr, naming it and why, and
+/// skipped; nothing is deleted. When none loads, the newest one's error is returned. A
+/// checkpoint that vanishes while being read (retention by a run still training) is skipped
+/// silently.
+pub fn load_newest_good<T>(
+    run_dir: &Path,
+    mut load: impl FnMut(&Path) -> Result<T>,
+) -> Result<(PathBuf, T)> {
+    let all = list_checkpoints(run_dir);
+    let mut first_error = None;
+    for (_, dir) in all.iter().rev() {
+        match load(dir) {
+            Ok(value) => return Ok((dir.clone(), value)),
+            Err(_) if !dir.join("state.json").is_file() => continue,
+            Err(e) => {
+                eprintln!(
+                    "warning: checkpoint {} cannot be loaded ({e}); falling back to the previous \
+                     complete checkpoint (the unreadable one is kept for inspection)",
+                    dir.display()
+                );
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.unwrap_or_else(|| TrainError::Checkpoint {
+        path: run_dir.to_path_buf(),
+        reason: "this run directory has no complete checkpoint".into(),
+    }))
+}
+
+/// Move unreadable checkpoints newer than the one a run resumes from out of the checkpoint
+/// list (`step-N` -> `step-N.corrupt`), so that the resumed run neither overwrites nor, by
+/// retention, deletes them, and no reader picks them again. Returns the new paths.
+pub fn set_aside_newer(run_dir: &Path, resumed_step: usize) -> Result<Vec<PathBuf>> {
+    let mut moved = Vec::new();
+    for (step, dir) in list_checkpoints(run_dir) {
+        if step <= resumed_step {
+            continue;
+        }
+        let name = dir
+            .file_name()
+            .map_or_else(|| step_dir_name(step), |n| n.to_string_lossy().into_owned());
+        let mut aside = dir.with_file_name(format!("{name}.corrupt"));
+        let mut n = 1;
+        while aside.exists() {
+            aside = dir.with_file_name(format!("{name}.corrupt.{n}"));
+            n += 1;
+        }
+        std::fs::rename(&dir, &aside).map_err(|e| TrainError::io("rename", &dir, e))?;
+        moved.push(aside);
+    }
+    Ok(moved)
+}
+
 /// Load a model from an HF directory, a checkpoint directory, or a run directory (its newest
-/// checkpoint), with LoRA adapters merged into the weights.
+/// checkpoint that loads, see [`load_newest_good`]), with LoRA adapters merged into the weights.
 ///
 /// Safe while the run trains (no lock needed): checkpoints appear by an atomic rename, and if
-/// retention deletes the one being read, the newest is resolved again.
+/// retention deletes the one being read, the next newest is read.
 pub fn load_model_merged(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
-    const ATTEMPTS: usize = 3;
-    for attempt in 1.. {
-        let result = match resolve_model_dir(path)? {
-            ModelDir::Checkpoint(dir) => match load_checkpoint_model(&dir, device) {
-                Err(_) if attempt < ATTEMPTS && !dir.join("state.json").is_file() => continue,
-                other => other?.materialize(),
-            },
-            ModelDir::Hf(dir) => Qwen3ForCausalLM::from_pretrained(&dir, device)?,
-        };
-        return Ok(result);
+    if path.join("state.json").is_file() {
+        return load_checkpoint_model(path, device).map(|m| m.materialize());
     }
-    unreachable!("the loop returns")
+    if !list_checkpoints(path).is_empty() {
+        let (_, model) = load_newest_good(path, |dir| load_checkpoint_model(dir, device))?;
+        return Ok(model.materialize());
+    }
+    match resolve_model_dir(path)? {
+        ModelDir::Checkpoint(dir) => load_checkpoint_model(&dir, device).map(|m| m.materialize()),
+        ModelDir::Hf(dir) => Ok(Qwen3ForCausalLM::from_pretrained(&dir, device)?),
+    }
 }
 
 /// Load a model for inference (no autodiff) from any path [`resolve_model_dir`] accepts.

@@ -75,6 +75,13 @@ pub fn windowed_loss(
             ids.len()
         )));
     }
+    let vocab = model.config.vocab_size;
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(TrainError::Other(format!(
+            "token id {bad} is out of range for the model's vocab_size {vocab} (a tokenizer \
+             that does not belong to this model?)"
+        )));
+    }
     let windows: Vec<&[u32]> = ids.chunks_exact(context).collect();
     let width = bucket.unwrap_or(context).max(1);
     let num_buckets = (context - 1).div_ceil(width);

@@ -14,6 +14,7 @@ pub mod eval;
 pub mod guard;
 pub mod hooks;
 pub mod lock;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;

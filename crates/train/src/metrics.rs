@@ -44,7 +44,10 @@ impl MetricsLog {
             if !text.is_empty() {
                 text.push('\n');
             }
-            std::fs::write(&tmp, text).map_err(|e| TrainError::io("write", &tmp, e))?;
+            std::fs::write(&tmp, text).map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                TrainError::io("write", &tmp, e)
+            })?;
             std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
         } else if keep_until.is_none() && path.exists() {
             std::fs::remove_file(&path).map_err(|e| TrainError::io("remove", &path, e))?;

@@ -1,6 +1,7 @@
-//! Where a run starts: fresh, or resumed from its newest checkpoint. `--resume` accepts a
-//! config whose architecture matches the checkpoint's; everything else (the schedule horizon,
-//! loss coefficients, logging, ...) may change, and each change is printed.
+//! Where a run starts: fresh, or resumed from its newest good checkpoint. `--resume` accepts a
+//! config whose architecture and data shape (`training.batch_size`, `training.seq_len`,
+//! `data.kind`, `data.sampling`, `data.pack`) match the checkpoint's; everything else (the
+//! schedule horizon, loss coefficients, logging, ...) may change, and each change is printed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,8 @@ use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 
 use crate::checkpoint::{
     FORMAT_VERSION, ModelDir, TrainState, apply_lora, latest_checkpoint, load_checkpoint_model,
-    load_model_merged, load_state, remove_partial_checkpoints, resolve_model_dir,
+    load_model_merged, load_newest_good, load_state, remove_partial_checkpoints, resolve_model_dir,
+    set_aside_newer,
 };
 use crate::config::{ModelSource, RunConfig};
 use crate::error::{Result, TrainError};
@@ -83,6 +85,24 @@ pub fn architecture_diff(old: &Qwen3Config, new: &Qwen3Config) -> Vec<String> {
         .collect()
 }
 
+/// Run settings the checkpoint's data cursor is tied to: the sampler resumes at a position in
+/// a stream of `[batch_size, seq_len]` rows drawn in one mode, so changing one of these cannot
+/// continue that stream.
+const CURSOR_KEYS: &[&str] = &[
+    "training.batch_size",
+    "training.seq_len",
+    "data.kind",
+    "data.sampling",
+    "data.pack",
+];
+
+/// The `[model]`-less run table as JSON, for comparisons.
+fn run_json(t: &toml::Table) -> serde_json::Value {
+    let mut t = t.clone();
+    t.remove("model");
+    crate::config::toml_to_json(&toml::Value::Table(t))
+}
+
 /// Notices for every non-architecture change between the checkpoint's run and this one.
 fn change_notices(
     saved_model: &Qwen3Config,
@@ -105,18 +125,16 @@ fn change_notices(
         })
         .collect();
     // The `[model]` table is compared above, as the resolved architecture.
-    let strip = |t: &toml::Table| {
-        let mut t = t.clone();
-        t.remove("model");
-        crate::config::toml_to_json(&toml::Value::Table(t))
-    };
-    for (k, a, b) in changed(&strip(saved_run), &strip(new_run)) {
+    for (k, a, b) in changed(&run_json(saved_run), &run_json(new_run)) {
         let effect = match k.as_str() {
             "training.max_steps" => format!(
                 " (the learning-rate schedule is re-planned over {b} steps; the steps already \
                  taken keep the rates they had)"
             ),
-            key if key.starts_with("data.") || key == "training.batch_size" => {
+            "training.seed" => {
+                " (no effect: the weights and the data order continue the checkpoint's)".into()
+            }
+            key if key.starts_with("data.") => {
                 " (the batches from here on differ from the original run's)".into()
             }
             _ => String::new(),
@@ -124,6 +142,17 @@ fn change_notices(
         notices.push(format!("{k}: {a} -> {b}{effect}"));
     }
     notices
+}
+
+/// The `run.toml` of a checkpoint.
+fn read_run_toml(dir: &Path) -> Result<toml::Table> {
+    let path = dir.join("run.toml");
+    let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io("read", &path, e))?;
+    text.parse()
+        .map_err(|e: toml::de::Error| TrainError::Parse {
+            path: path.clone(),
+            reason: e.to_string(),
+        })
 }
 
 /// Check that the run of `config` may resume from checkpoint `dir`, and return a notice for
@@ -148,14 +177,22 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
             ),
         });
     }
-    let path = dir.join("run.toml");
-    let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io("read", &path, e))?;
-    let saved_run: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| TrainError::Parse {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+    let saved_run = read_run_toml(dir)?;
+    let fixed: Vec<String> = changed(&run_json(&saved_run), &run_json(&config.table))
+        .into_iter()
+        .filter(|(k, _, _)| CURSOR_KEYS.contains(&k.as_str()))
+        .map(|(k, a, b)| format!("{k}: checkpoint {a} vs config {b}"))
+        .collect();
+    if !fixed.is_empty() {
+        return Err(TrainError::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "--resume cannot change {} (the checkpoint's data position is a place in a stream \
+                 of rows of that shape and kind); start a new run directory to change it",
+                fixed.join(", ")
+            ),
+        });
+    }
     Ok(change_notices(&saved, model, &saved_run, &config.table))
 }
 
@@ -237,34 +274,26 @@ pub fn start_run(
     device: &Device,
 ) -> Result<Start> {
     remove_partial_checkpoints(run_dir);
-    let resumed_from = if resume {
-        Some(
-            latest_checkpoint(run_dir).ok_or_else(|| TrainError::Checkpoint {
-                path: run_dir.to_path_buf(),
-                reason: "--resume given but the run directory has no complete checkpoint".into(),
-            })?,
-        )
-    } else {
-        if latest_checkpoint(run_dir).is_some() {
+    if !resume && latest_checkpoint(run_dir).is_some() {
+        return Err(TrainError::Checkpoint {
+            path: run_dir.to_path_buf(),
+            reason: "the run directory already has checkpoints; pass --resume to continue it or \
+                     choose another --run-dir"
+                .into(),
+        });
+    }
+    let resumed = if resume {
+        if latest_checkpoint(run_dir).is_none() {
             return Err(TrainError::Checkpoint {
                 path: run_dir.to_path_buf(),
-                reason:
-                    "the run directory already has checkpoints; pass --resume to continue it or \
-                         choose another --run-dir"
-                        .into(),
+                reason: "--resume given but the run directory has no complete checkpoint".into(),
             });
         }
-        None
-    };
-    let (model, optimizer, state) = match &resumed_from {
-        Some(dir) => {
-            for notice in check_resume(dir, config, model_config)? {
-                eprintln!("resume: changed since the checkpoint: {notice}");
-            }
+        // The newest checkpoint whose every file loads; a corrupt newer one is skipped (and,
+        // below, set aside), never deleted.
+        let (dir, (state, model, optimizer)) = load_newest_good(run_dir, |dir| {
             let state = load_state(dir)?;
-            let mut model = load_checkpoint_model(dir, device)?;
-            // Same architecture (checked above); the hyperparameters are this run's.
-            model.config = model_config.clone();
+            let model = load_checkpoint_model(dir, device)?;
             let optim_path = dir.join("optimizer.bpk");
             let optimizer = build_optimizer(&model, &config.optimizer)
                 .load(&optim_path)
@@ -272,6 +301,29 @@ pub fn start_run(
                     path: optim_path,
                     reason: e.to_string(),
                 })?;
+            read_run_toml(dir)?;
+            Ok((state, model, optimizer))
+        })?;
+        Some((dir, state, model, optimizer))
+    } else {
+        None
+    };
+    let resumed_from = resumed.as_ref().map(|(dir, ..)| dir.clone());
+    let (model, optimizer, state) = match resumed {
+        Some((dir, state, mut model, optimizer)) => {
+            for notice in check_resume(&dir, config, model_config)? {
+                eprintln!("resume: changed since the checkpoint: {notice}");
+            }
+            for aside in set_aside_newer(run_dir, state.step)? {
+                eprintln!(
+                    "warning: the unreadable newer checkpoint is kept as {} (the run continues \
+                     from {})",
+                    aside.display(),
+                    dir.display()
+                );
+            }
+            // Same architecture (checked above); the hyperparameters are this run's.
+            model.config = model_config.clone();
             (model, optimizer, state)
         }
         None => {
@@ -287,6 +339,7 @@ pub fn start_run(
                 elapsed_secs: 0.0,
                 git_revision: GIT_REVISION.into(),
                 lora: config.lora.clone(),
+                sha256: Default::default(),
             };
             (model, optimizer, state)
         }

@@ -24,6 +24,7 @@ use qwen_burn_model::kernels::{in_pool, set_fused_kernels};
 use crate::guard::{check_step, unfit_for_checkpoint};
 use crate::hooks;
 use crate::lock::RunLock;
+use crate::memory::check_training_memory;
 use crate::metrics::{
     CollapseWatch, MetricsLog, MoeWorst, Progress, lora_flops_per_token, train_flops_per_token,
 };
@@ -91,6 +92,8 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let _lock = RunLock::acquire(run_dir)?;
     let run_toml = toml::to_string_pretty(&config.table).expect("config serialises");
     let model_config = model_config_of(config)?;
+    // Before anything is allocated: refuse what cannot fit, naming the config fields.
+    check_training_memory(config, &model_config, devices.kinds()[0])?;
     for notice in &config.notices {
         eprintln!("{notice}");
     }
@@ -233,7 +236,7 @@ impl Loop<'_> {
         }
         while state.step < max_steps {
             let step = state.step; // 0-based index of the step being taken
-            let mut batches = Vec::with_capacity(t.grad_accum);
+            let mut batches = Vec::with_capacity(t.grad_accum.min(64));
             let mut cursor = None;
             for _ in 0..t.grad_accum {
                 let (batch, c) = self.data.next_batch()?;

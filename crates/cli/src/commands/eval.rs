@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use qwen_burn_train::eval::windowed_loss;
 
 use super::{ModelArgs, find_tokenizer};
@@ -39,6 +39,15 @@ pub fn run(args: Args) -> Result<()> {
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
     let text = qwen_burn_data::ingest::read_text_file(&args.text)
         .with_context(|| format!("reading {}", args.text.display()))?;
+    // A tokenizer with more tokens than the model has embeddings would index past them.
+    let (tok_vocab, model_vocab) = (tok.vocab_size(), model.config.vocab_size);
+    if tok_vocab > model_vocab {
+        bail!(
+            "tokenizer {} has {tok_vocab} tokens but the model's vocab_size is {model_vocab}: it \
+             is not this model's tokenizer",
+            tok.path().display()
+        );
+    }
     let mut ids = tok.encode(&text)?;
     if let Some(max) = args.max_tokens {
         ids.truncate(max);
@@ -64,6 +73,7 @@ pub fn run(args: Args) -> Result<()> {
     if show {
         eprintln!();
     }
+    super::require_finite(&model, result.loss, "loss")?;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! `qwen-burn export`: a checkpoint (LoRA merged) as an HF model directory.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-use qwen_burn_train::checkpoint::find_beside;
+use anyhow::{Context, Result, bail};
+use qwen_burn_train::checkpoint::{ModelDir, find_beside, resolve_model_dir};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -19,7 +19,31 @@ pub struct Args {
     pub drop_routing_bias: bool,
 }
 
+/// Whether two paths name the same existing file or directory.
+fn same_entry(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
+    // Writing into the directory the model is read from would replace its files while they are
+    // its only copy (and copying a file onto itself truncates it to 0 bytes).
+    let source = resolve_model_dir(&args.checkpoint)
+        .with_context(|| format!("loading {}", args.checkpoint.display()))?;
+    let source_dir = match &source {
+        ModelDir::Checkpoint(dir) | ModelDir::Hf(dir) => dir,
+    };
+    for dir in [source_dir.as_path(), args.checkpoint.as_path()] {
+        if same_entry(dir, &args.out) {
+            bail!(
+                "--out {} is the directory being exported ({}); choose a new directory",
+                args.out.display(),
+                dir.display()
+            );
+        }
+    }
     let device = burn::tensor::Device::flex();
     let mut model = qwen_burn_train::checkpoint::load_model_any(&args.checkpoint, &device)
         .with_context(|| format!("loading {}", args.checkpoint.display()))?;
@@ -33,8 +57,12 @@ pub fn run(args: Args) -> Result<()> {
     // (next to the checkpoint, or in its run directory).
     for name in ["tokenizer.json", "generation_config.json"] {
         if let Some(src) = find_beside(&args.checkpoint, name) {
-            std::fs::copy(&src, args.out.join(name))
-                .with_context(|| format!("copying {}", src.display()))?;
+            let dest = args.out.join(name);
+            if same_entry(&src, &dest) {
+                // --out is the run directory that holds it: it is already in place.
+                continue;
+            }
+            std::fs::copy(&src, &dest).with_context(|| format!("copying {}", src.display()))?;
         }
     }
     println!(

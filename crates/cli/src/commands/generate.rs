@@ -40,11 +40,12 @@ pub struct Args {
     /// unless it sets do_sample), else greedy.
     #[arg(long)]
     pub temperature: Option<f32>,
-    /// Keep the k most likely tokens when sampling (default: generation_config.json).
+    /// Keep the k most likely tokens when sampling; 0 = no top-k filter (default:
+    /// generation_config.json).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Keep the smallest set of tokens whose probability reaches p (default:
-    /// generation_config.json).
+    /// Keep the smallest set of tokens whose probability reaches p, in (0, 1]; 1 = no filter
+    /// (default: generation_config.json).
     #[arg(long)]
     pub top_p: Option<f32>,
     #[arg(long, default_value_t = 0)]
@@ -88,7 +89,8 @@ pub fn sampling_config(
     config_eos: &[u32],
     generation: Option<&GenerationConfig>,
     tok: Option<&Tok>,
-) -> SamplingConfig {
+) -> Result<SamplingConfig> {
+    check_sampling_flags(args)?;
     let defaults = generation.map_or(
         SamplingDefaults {
             temperature: 0.0,
@@ -111,18 +113,39 @@ pub fn sampling_config(
             }
         }
     }
-    SamplingConfig {
+    Ok(SamplingConfig {
         max_new_tokens: args
             .max_new_tokens
             .or(generation.and_then(|g| g.max_new_tokens))
             .unwrap_or(64),
         temperature,
-        top_k: args.top_k.or(defaults.top_k).filter(|_| sampling),
+        // `--top-k 0` is HF's "no top-k filter", and overrides the file's top_k.
+        top_k: match args.top_k {
+            Some(0) => None,
+            Some(k) => Some(k),
+            None => defaults.top_k,
+        }
+        .filter(|_| sampling),
         top_p: args.top_p.or(defaults.top_p).filter(|_| sampling),
         seed: args.seed,
         stop_tokens,
         use_cache: !args.no_cache,
+    })
+}
+
+/// The sampling flags, checked as HF checks `generate`'s arguments; the error names the flag.
+fn check_sampling_flags(args: &Args) -> Result<()> {
+    if let Some(t) = args.temperature
+        && !(t.is_finite() && t >= 0.0)
+    {
+        bail!("--temperature {t}: expected a finite number >= 0 (0 = greedy decoding)");
     }
+    if let Some(p) = args.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        bail!("--top-p {p}: expected a number in (0, 1] (1 = no nucleus filter)");
+    }
+    Ok(())
 }
 
 /// The rendered chat prompt of `--chat` / `--chat-json` (with `--system`), or `None`.
@@ -173,7 +196,18 @@ pub fn run(args: Args) -> Result<()> {
         &model.config.eos_token_id,
         gen_config.as_ref(),
         tok.as_ref(),
-    );
+    )?;
+    let total = prompt.len().saturating_add(cfg.max_new_tokens);
+    let limit = model.config.max_position_embeddings;
+    if total > limit {
+        eprintln!(
+            "warning: the prompt ({} tokens) plus up to {} new tokens exceeds the model's \
+             max_position_embeddings ({limit}); positions past {limit} are beyond what the model \
+             was trained for",
+            prompt.len(),
+            cfg.max_new_tokens
+        );
+    }
     let stream = !args.json && tok.is_some();
     if stream && let Some(text) = chat_text.as_ref().or(args.prompt.as_ref()) {
         print!("{text}");

@@ -25,6 +25,9 @@ pub fn run(args: Args) -> Result<()> {
     let ModelSource::Scratch(model_config) = &config.model else {
         bail!("init needs an inline [model] architecture");
     };
+    model_config
+        .check_fits_in_memory(&format!("the model of {}", args.config.config.display()))
+        .map_err(|e| anyhow::anyhow!("{e}").context("the [model] table"))?;
     let device = burn::tensor::Device::flex();
     let model = init_weights(
         Qwen3ForCausalLM::new(model_config, &device),

@@ -115,3 +115,18 @@ pub fn find_tokenizer(model_dir: &Path, flag: Option<&Path>) -> Result<Option<To
         Tok::from_file(&path).with_context(|| format!("loading tokenizer {}", path.display()))?;
     Ok(Some(tok))
 }
+
+/// Refuse a non-finite result (a loss that would print as `null`), naming the first parameter
+/// of the model that holds NaN or Inf when that is the cause.
+pub fn require_finite(model: &Qwen3ForCausalLM, value: f64, what: &str) -> Result<()> {
+    if value.is_finite() {
+        return Ok(());
+    }
+    match qwen_burn_train::guard::first_non_finite_weight(model)? {
+        Some(param) => bail!(
+            "the {what} is {value}: the model's weights are not finite (first in parameter \
+             {param})"
+        ),
+        None => bail!("the {what} is {value} although every weight is finite"),
+    }
+}

@@ -138,6 +138,7 @@ pub fn run(args: Args) -> Result<()> {
     let (model, device) = args.model.load()?;
     let (ids, b, t) = read_token_rows(&args.tokens, model.config.vocab_size)?;
     let result = score_rows(&model, ids, b, t, &device, args.dump_logits)?;
+    super::require_finite(&model, result["loss"].as_f64().unwrap_or(f64::NAN), "loss")?;
     println!("{result}");
     Ok(())
 }

@@ -169,6 +169,27 @@ impl HfConfig {
                 ));
             }
         };
+        if strict {
+            // HF bookkeeping that transformers writes into config.json and that changes nothing
+            // about the model built here: in a run config it would be a setting that is
+            // silently ignored.
+            let written = [
+                ("architectures", self.architectures.is_some()),
+                ("torch_dtype", self.torch_dtype.is_some()),
+                ("dtype", self.dtype.is_some()),
+                ("transformers_version", self.transformers_version.is_some()),
+                ("use_cache", self.use_cache.is_some()),
+                ("sliding_window", self.sliding_window.is_some()),
+                ("max_window_layers", self.max_window_layers.is_some()),
+                ("layer_types", self.layer_types.is_some()),
+            ];
+            if let Some((key, _)) = written.iter().find(|(_, set)| *set) {
+                return Err(ModelError::invalid(
+                    *key,
+                    "has no effect in a run config (it is HF bookkeeping: qwen-burn trains in                      f32, names the architecture from model_type, and has no sliding window);                      remove it",
+                ));
+            }
+        }
         if strict
             && model_type == ModelType::Qwen3
             && let Some(key) = self.moe_keys_set().first()

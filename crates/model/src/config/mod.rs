@@ -288,6 +288,18 @@ impl Qwen3Config {
                 ),
             ));
         }
+        if let Some((field, value)) = self.first_non_finite() {
+            return Err(ModelError::invalid(
+                field,
+                format!("{value} is not allowed (expected a finite number)"),
+            ));
+        }
+        if self.initializer_range < 0.0 {
+            return Err(ModelError::invalid(
+                "initializer_range",
+                format!("must be >= 0, found {}", self.initializer_range),
+            ));
+        }
         if not_positive(self.rms_norm_eps) {
             return Err(ModelError::invalid(
                 "rms_norm_eps",
@@ -382,6 +394,61 @@ impl Qwen3Config {
             }
         }
         Ok(())
+    }
+
+    /// The first float setting that is NaN or infinite, as `(field, value)`.
+    fn first_non_finite(&self) -> Option<(&'static str, f64)> {
+        let mut values = vec![
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("rope_theta", self.rope_theta),
+            ("initializer_range", self.initializer_range),
+        ];
+        match &self.rope_scaling {
+            RopeScaling::Default => {}
+            RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor } => {
+                values.push(("rope_scaling.factor", *factor));
+            }
+            RopeScaling::Yarn {
+                factor,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                ..
+            } => {
+                values.extend([
+                    ("rope_scaling.factor", *factor),
+                    ("rope_scaling.beta_fast", *beta_fast),
+                    ("rope_scaling.beta_slow", *beta_slow),
+                ]);
+                let optional = [
+                    ("rope_scaling.attention_factor", attention_factor),
+                    ("rope_scaling.mscale", mscale),
+                    ("rope_scaling.mscale_all_dim", mscale_all_dim),
+                ];
+                values.extend(optional.iter().filter_map(|(k, v)| v.map(|v| (*k, v))));
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                ..
+            } => values.extend([
+                ("rope_scaling.factor", *factor),
+                ("rope_scaling.low_freq_factor", *low_freq_factor),
+                ("rope_scaling.high_freq_factor", *high_freq_factor),
+            ]),
+        }
+        if let Some(moe) = &self.moe {
+            values.extend([
+                ("router_aux_loss_coef", moe.router_aux_loss_coef),
+                ("router_z_loss_coef", moe.router_z_loss_coef),
+                ("router_bias_update_rate", moe.router_bias_update_rate),
+                ("router_capacity_factor", moe.router_capacity_factor),
+            ]);
+        }
+        values.into_iter().find(|(_, v)| !v.is_finite())
     }
 
     /// Whether decoder layer `layer` uses the sparse MoE block (HF `Qwen3MoeDecoderLayer` rule).

@@ -97,13 +97,14 @@ fn section<T: DeserializeOwned + Default>(
             format!("{name}.{path}")
         };
         let message = e.into_inner().message().to_string();
-        // serde names an unknown field in its message, not in the path.
+        // serde names an unknown field in its message; the path may or may not already end
+        // with it, depending on how deep the field is.
         let key = match message
             .strip_prefix("unknown field `")
             .and_then(|rest| rest.split('`').next())
         {
-            Some(field) => format!("{key}.{field}"),
-            None => key,
+            Some(field) if !key.ends_with(&format!(".{field}")) => format!("{key}.{field}"),
+            _ => key,
         };
         TrainError::config(key, message)
     })
@@ -147,7 +148,26 @@ pub fn apply_overrides(table: &mut toml::Table, overrides: &[String]) -> Result<
     Ok(())
 }
 
-/// Convert a TOML value to JSON (for the HF-style `[model]` table).
+/// The first float in `table` that is NaN or infinite, as `(dotted key, value)`. No setting of
+/// a run config takes one, and JSON (the `[model]` table's path to the HF parser) has no
+/// spelling for them: they would silently become `null`, that is, the default.
+fn first_non_finite(table: &toml::Table) -> Option<(String, f64)> {
+    fn walk(value: &toml::Value, path: &str) -> Option<(String, f64)> {
+        match value {
+            toml::Value::Float(f) if !f.is_finite() => Some((path.to_string(), *f)),
+            toml::Value::Table(t) => t.iter().find_map(|(k, v)| walk(v, &format!("{path}.{k}"))),
+            toml::Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            _ => None,
+        }
+    }
+    table.iter().find_map(|(k, v)| walk(v, k))
+}
+
+/// Convert a TOML value to JSON (for the HF-style `[model]` table). Non-finite floats have no
+/// JSON spelling and become `null`; [`RunConfig::from_table`] refuses them before this runs.
 pub fn toml_to_json(value: &toml::Value) -> serde_json::Value {
     match value {
         toml::Value::String(s) => serde_json::Value::String(s.clone()),
@@ -180,6 +200,12 @@ impl RunConfig {
 
     /// Build and validate from a TOML table.
     pub fn from_table(table: toml::Table) -> Result<Self> {
+        if let Some((key, value)) = first_non_finite(&table) {
+            return Err(TrainError::config(
+                key,
+                format!("{value} is not allowed (expected a finite number)"),
+            ));
+        }
         if let Some(key) = table.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
             return Err(TrainError::config(
                 key.as_str(),
@@ -304,7 +330,7 @@ impl RunConfig {
             }
         }
         let o = &self.optimizer;
-        if o.lr.is_nan() || o.lr <= 0.0 {
+        if !(o.lr.is_finite() && o.lr > 0.0) {
             return Err(TrainError::config(
                 "optimizer.lr",
                 format!("must be > 0, found {}", o.lr),
@@ -318,18 +344,55 @@ impl RunConfig {
                 ));
             }
         }
-        if o.eps.is_nan() || o.eps <= 0.0 || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
+        // Written so that NaN fails every check (`!(x >= 0)`), not passes it.
+        let at_least_zero = [
+            ("optimizer.weight_decay", o.weight_decay),
+            ("optimizer.grad_clip", o.grad_clip),
+            ("schedule.min_lr", self.schedule.min_lr),
+            (
+                "training.sample_temperature",
+                f64::from(self.training.sample_temperature),
+            ),
+        ];
+        for (key, value) in at_least_zero {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(TrainError::config(
+                    key,
+                    format!("must be a finite number >= 0, found {value}"),
+                ));
+            }
+        }
+        if !(o.eps.is_finite() && o.eps > 0.0) {
             return Err(TrainError::config(
-                "optimizer",
-                "eps must be > 0, weight_decay and grad_clip >= 0",
+                "optimizer.eps",
+                format!("must be a finite number > 0, found {}", o.eps),
             ));
         }
         let s = &self.schedule;
-        if s.min_lr < 0.0 || s.min_lr > o.lr {
+        if s.min_lr > o.lr {
             return Err(TrainError::config(
                 "schedule.min_lr",
-                "must be in [0, optimizer.lr]",
+                format!(
+                    "must be in [0, optimizer.lr = {}], found {}",
+                    o.lr, s.min_lr
+                ),
             ));
+        }
+        let peaks = &self.logging.peak_tflops;
+        for (kind, peak) in [
+            ("flex", peaks.flex),
+            ("ndarray", peaks.ndarray),
+            ("wgpu", peaks.wgpu),
+            ("cuda", peaks.cuda),
+        ] {
+            if let Some(p) = peak
+                && !(p.is_finite() && p > 0.0)
+            {
+                return Err(TrainError::config(
+                    format!("logging.peak_tflops.{kind}"),
+                    format!("must be a finite number > 0, found {p}"),
+                ));
+            }
         }
         let d = &self.data;
         if d.inputs.is_empty() {
@@ -342,7 +405,7 @@ impl RunConfig {
             return Err(TrainError::config("data.val_fraction", "must be in [0, 1)"));
         }
         if let Some(lora) = &self.lora {
-            if lora.rank == 0 || lora.alpha.is_nan() || lora.alpha <= 0.0 {
+            if lora.rank == 0 || !(lora.alpha.is_finite() && lora.alpha > 0.0) {
                 return Err(TrainError::config(
                     "lora",
                     "rank must be >= 1 and alpha > 0",

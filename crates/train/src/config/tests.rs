@@ -138,3 +138,88 @@ fn peak_tflops_is_a_table_per_device_kind() {
     let c = load(&["training.fused_kernels=false"]).unwrap();
     assert!(!c.training.fused_kernels);
 }
+
+#[test]
+fn non_finite_values_are_refused_naming_the_key_not_replaced_by_defaults() {
+    for (set, key) in [
+        ("model.rope_theta=nan", "model.rope_theta"),
+        ("model.rope_theta=inf", "model.rope_theta"),
+        ("model.rms_norm_eps=nan", "model.rms_norm_eps"),
+        ("model.initializer_range=-inf", "model.initializer_range"),
+        (
+            "model.rope_scaling={rope_type=\"yarn\", factor=4.0, beta_fast=nan}",
+            "model.rope_scaling.beta_fast",
+        ),
+        ("optimizer.grad_clip=nan", "optimizer.grad_clip"),
+        ("optimizer.lr=inf", "optimizer.lr"),
+        ("optimizer.weight_decay=nan", "optimizer.weight_decay"),
+        ("schedule.min_lr=nan", "schedule.min_lr"),
+        (
+            "training.sample_temperature=nan",
+            "training.sample_temperature",
+        ),
+        ("logging.peak_tflops={flex=inf}", "logging.peak_tflops.flex"),
+    ] {
+        let e = load(&[set]).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains("finite"),
+            "--set {set}: expected an error naming {key}, got: {e}"
+        );
+    }
+}
+
+#[test]
+fn out_of_range_optimizer_and_sampling_values_are_refused() {
+    for (set, key) in [
+        (
+            "training.sample_temperature=-1",
+            "training.sample_temperature",
+        ),
+        ("optimizer.grad_clip=-1", "optimizer.grad_clip"),
+        ("optimizer.eps=0", "optimizer.eps"),
+        ("schedule.min_lr=1", "schedule.min_lr"),
+        ("logging.peak_tflops={cuda=-3}", "logging.peak_tflops.cuda"),
+    ] {
+        let e = load(&[set]).unwrap_err().to_string();
+        assert!(e.contains(key), "--set {set}: {e}");
+    }
+    // The edges stay valid: no clipping, no decay, greedy samples.
+    load(&[
+        "optimizer.grad_clip=0",
+        "optimizer.weight_decay=0",
+        "training.sample_temperature=0",
+    ])
+    .unwrap();
+}
+
+#[test]
+fn an_unknown_key_names_its_path_once() {
+    let e = load(&["training.bogus=1"]).unwrap_err().to_string();
+    assert!(e.contains("training.bogus"), "{e}");
+    assert!(!e.contains("bogus.bogus"), "{e}");
+    let e = load(&["logging.peak_tflops={tpu=1.0}"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("logging.peak_tflops.tpu") && !e.contains("tpu.tpu"),
+        "{e}"
+    );
+}
+
+#[test]
+fn hf_bookkeeping_keys_are_refused_in_a_run_config() {
+    for set in [
+        "model.torch_dtype=\"bfloat16\"",
+        "model.architectures=[\"Qwen3ForCausalLM\"]",
+        "model.dtype=\"float32\"",
+        "model.use_cache=false",
+        "model.transformers_version=\"4.51.0\"",
+    ] {
+        let key = set.split('=').next().unwrap();
+        let e = load(&[set]).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains("no effect"),
+            "--set {set}: {e}"
+        );
+    }
+}
