@@ -57,9 +57,11 @@ impl Estimate {
         }
         let mut parts = self.parts.clone();
         parts.sort_by_key(|p| std::cmp::Reverse(p.bytes));
+        // The terms that matter: the three largest, leaving out any under 1% of the total.
         let parts = parts
             .iter()
             .take(3)
+            .filter(|p| p.bytes >= need / 100)
             .map(|p| format!("{} {}", human(p.bytes), p.what))
             .collect::<Vec<_>>()
             .join(", ");
