@@ -30,6 +30,19 @@ fn keep_freed_memory_mapped() {
     }
 }
 
+/// Errors print their message and causes only: a refused writer or a config typo is not a bug,
+/// and a 40-line stack trace under it (what anyhow adds whenever `RUST_BACKTRACE` is set) hides
+/// the message. `QWEN_BURN_BACKTRACE=1` asks for error backtraces; panics keep Rust's own
+/// `RUST_BACKTRACE` behaviour.
+fn error_backtraces_only_on_request() {
+    let wanted = std::env::var_os("QWEN_BURN_BACKTRACE").is_some_and(|v| v != "0");
+    // SAFETY: called first thing in `main`, before any other thread exists, so nothing reads
+    // the environment concurrently.
+    unsafe {
+        std::env::set_var("RUST_LIB_BACKTRACE", if wanted { "1" } else { "0" });
+    }
+}
+
 mod commands;
 
 use commands::*;
@@ -72,6 +85,7 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    error_backtraces_only_on_request();
     keep_freed_memory_mapped();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -436,6 +436,10 @@ fn train_on_small_disk(tmp: &Path, size: &str, steps: usize) -> (String, String)
         config = config.display(),
     );
     let out = std::process::Command::new("unshare")
+        .env(
+            "QWEN_BURN_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
+        )
         .args(["--user", "--map-root-user", "--mount", "sh", "-c", &script])
         .current_dir(repo_root())
         .output()

@@ -180,6 +180,10 @@ fn sigkill_between_checkpoints_resumes_exactly_and_the_run_dir_has_one_writer() 
         .args(train(&b, false))
         .current_dir(repo_root())
         .env("QWEN_BURN_PAUSE_AFTER_STEP", "4")
+        .env(
+            "QWEN_BURN_CACHE_DIR",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -18,7 +18,8 @@ use crate::metrics::{lora_flops_per_token, train_flops_per_token};
 use crate::optim::{apply_update, build_optimizer, clip_global_norm, trainable_params};
 use crate::parallel::Replicas;
 use crate::peak::{
-    PeakRecord, PeakSource, cache_path, machine_id, measure_peak, run_peak, store_peak,
+    PeakRecord, PeakSource, cache_path, load_average, machine_id, measure_peak, peak_or_measure,
+    store_peak,
 };
 use crate::resume::{build_model, model_config_of};
 use crate::schedule::learning_rate;
@@ -145,16 +146,14 @@ pub fn bench_train(
     }))
 }
 
-/// The peak of a benchmark's devices: configured, cached, or measured now (and cached) when
+/// The peak of a benchmark's devices: configured, cached, or measured now (see [`peak_or_measure`]) when
 /// there is neither.
 fn bench_peak(devices: &DeviceSet, configured: &PeakTflops) -> Result<(f64, PeakSource)> {
-    let cache = cache_path();
-    let (peak, source) = run_peak(devices, configured, cache.as_deref());
-    if source != PeakSource::Assumed {
-        return Ok((peak, source));
+    let figure = peak_or_measure(devices, configured, cache_path().as_deref())?;
+    if let Some(note) = &figure.note {
+        eprintln!("{note}");
     }
-    bench_peak_measure(devices, 2048, 5)?;
-    Ok(run_peak(devices, configured, cache.as_deref()))
+    Ok((figure.flops, figure.source))
 }
 
 /// `bench peak`: time a large f32 matmul on the first device of `devices` and cache it.
@@ -166,8 +165,19 @@ pub fn bench_peak_measure(devices: &DeviceSet, n: usize, repeats: usize) -> Resu
         machine: machine_id(),
     };
     let path = store_peak(cache_path().as_deref(), devices.kinds()[0], &record)?;
+    let load = load_average();
+    if let Some(l) = load
+        && l >= rayon_threads() as f64 / 2.0
+    {
+        eprintln!(
+            "warning: load average {l:.2} on {} cores: other work shares the CPU, so this peak is \
+             likely low and every MFU against it high; measure again on a quiet machine",
+            rayon_threads()
+        );
+    }
     Ok(json!({
         "bench": "peak",
+        "load_average": load,
         "device": devices.name(),
         "n": n,
         "repeats": repeats,

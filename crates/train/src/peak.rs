@@ -4,7 +4,8 @@
 //! caches the figure per machine and device kind in `peak.json` of the cache directory
 //! (`$QWEN_BURN_CACHE_DIR`, else `$XDG_CACHE_HOME/qwen-burn`, else `~/.cache/qwen-burn`). A
 //! run's peak is, in order: `logging.peak_tflops.<kind>` (an explicit figure for that device kind
-//! only), the cached measurement, the backend's assumed figure.
+//! only), the cached measurement, else (`train`, `bench train`) a measurement made at the start
+//! of the run ([`peak_or_measure`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -139,6 +140,83 @@ pub fn run_peak(
         },
     };
     (devices.peak_flops(one), source)
+}
+
+/// The 1-minute load average (Linux), if known.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// What [`peak_or_measure`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeakFigure {
+    /// FLOP/s of the run's devices.
+    pub flops: f64,
+    /// Where it came from.
+    pub source: PeakSource,
+    /// A line for the run's header: how it was measured now, and whether it was cached.
+    pub note: Option<String>,
+}
+
+/// The run's peak as [`run_peak`] finds it, except that with neither a configured figure nor a
+/// cached one, the first device is measured now (`[2048, 2048]` matmul, best of 5: about a
+/// second on a 2-core CPU) instead of assuming a figure. The measurement is cached only when
+/// the machine was quiet (1-minute load average below half the cores), since a peak measured
+/// beside other work is too low and would inflate every later MFU.
+pub fn peak_or_measure(
+    devices: &DeviceSet,
+    configured: &PeakTflops,
+    cache: Option<&Path>,
+) -> Result<PeakFigure> {
+    let (flops, source) = run_peak(devices, configured, cache);
+    if source != PeakSource::Assumed {
+        return Ok(PeakFigure {
+            flops,
+            source,
+            note: None,
+        });
+    }
+    const N: usize = 2048;
+    let one = measure_peak(devices.main(), N, 5);
+    let record = PeakRecord {
+        flops: one,
+        n: N,
+        machine: machine_id(),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let load = load_average();
+    let quiet = load.is_some_and(|l| l < cores / 2.0);
+    let stored = if quiet {
+        store_peak(cache, devices.kinds()[0], &record).ok()
+    } else {
+        None
+    };
+    let load_text = load.map_or("unknown".to_string(), |l| format!("{l:.2}"));
+    let note = match stored {
+        Some(path) => format!(
+            "MFU is against this machine's peak, measured now: {:.3} TFLOP/s (load average \
+             {load_text}; cached in {})",
+            one / 1e12,
+            path.display()
+        ),
+        None => format!(
+            "MFU is against this machine's peak, measured now: {:.3} TFLOP/s (load average \
+             {load_text}: not cached, the machine is busy; `qwen-burn bench peak --device {}` on \
+             a quiet machine caches it)",
+            one / 1e12,
+            devices.name()
+        ),
+    };
+    Ok(PeakFigure {
+        flops: devices.peak_flops(Some(one)),
+        source: PeakSource::Measured,
+        note: Some(note),
+    })
 }
 
 #[cfg(test)]

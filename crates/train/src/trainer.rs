@@ -31,7 +31,7 @@ use crate::metrics::{
 use crate::optim::trainable_params;
 use crate::optim::{apply_update, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
-use crate::peak::{PeakSource, cache_path, run_peak};
+use crate::peak::{PeakFigure, cache_path, peak_or_measure};
 use crate::records::{MetricsRecord, SampleRecord, TrainRecord, ValRecord};
 use crate::resume::{copy_generation_config, model_config_of, start_run};
 use crate::schedule::learning_rate;
@@ -172,19 +172,15 @@ impl Loop<'_> {
             Some(_) => lora_flops_per_token(&model_config, t.seq_len, trainable_params(&model)),
             None => train_flops_per_token(&model_config, t.seq_len),
         };
-        let (peak, peak_source) = run_peak(
+        let PeakFigure {
+            flops: peak,
+            note: peak_note,
+            ..
+        } = peak_or_measure(
             &self.devices,
             &cfg.logging.peak_tflops,
             cache_path().as_deref(),
-        );
-        let peak_note = (peak_source == PeakSource::Assumed).then(|| {
-            format!(
-                "MFU is against an assumed peak of {:.3} TFLOP/s; `qwen-burn bench peak --device {}` \
-                 measures this machine's",
-                peak / 1e12,
-                self.devices.name()
-            )
-        });
+        )?;
         let progress = Progress::new(max_steps, state.step);
         if let Some(note) = peak_note {
             progress.line(&note);

@@ -75,7 +75,11 @@ interval = 1
 
 pub fn qwen_burn(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen-burn"));
-    cmd.args(args).current_dir(repo_root());
+    // The tests' own peak cache: a peak measured beside parallel tests must not reach the user's.
+    cmd.args(args).current_dir(repo_root()).env(
+        "QWEN_BURN_CACHE_DIR",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
+    );
     for (k, v) in envs {
         cmd.env(k, v);
     }
