@@ -124,12 +124,17 @@ fn parse_override_value(value: &str) -> toml::Value {
 /// Apply `section.key=value` overrides to a TOML table.
 pub fn apply_overrides(table: &mut toml::Table, overrides: &[String]) -> Result<()> {
     for item in overrides {
-        let (key, value) = item
-            .split_once('=')
-            .ok_or_else(|| TrainError::config(item.as_str(), "expected `section.key=value`"))?;
+        // The error names the override as given when there is no usable key in it.
+        let malformed = || {
+            TrainError::config(
+                "--set",
+                format!("`{item}`: expected `section.key=value`, e.g. `optimizer.lr=3e-4`"),
+            )
+        };
+        let (key, value) = item.split_once('=').ok_or_else(malformed)?;
         let path: Vec<&str> = key.trim().split('.').collect();
-        if path.len() < 2 {
-            return Err(TrainError::config(key, "expected `section.key=value`"));
+        if path.len() < 2 || path.iter().any(|p| p.is_empty()) {
+            return Err(malformed());
         }
         let mut node = &mut *table;
         for part in &path[..path.len() - 1] {
