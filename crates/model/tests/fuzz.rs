@@ -439,3 +439,38 @@ fn safetensors_header() {
         },
     );
 }
+
+/// Shard names in an index must be plain file names beside it: anything else (a parent
+/// directory, an absolute path, a subdirectory, a non-string) is an error naming the index and
+/// the entry, before any file is opened.
+#[test]
+fn safetensors_index_names_only_files_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("model.safetensors.index.json");
+    write(
+        &dir.path().join("model.safetensors"),
+        &safetensors_seeds()[0],
+    );
+    for bad in [
+        r#""../model.safetensors""#,
+        r#""/dev/stdin""#,
+        r#""sub/model.safetensors""#,
+        r#""""#,
+        r#""..""#,
+        "5",
+        "null",
+    ] {
+        let text = format!(r#"{{"weight_map": {{"model.norm.weight": {bad}}}}}"#);
+        write(&index, text.as_bytes());
+        let e = SafetensorsCheckpoint::open(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&index.display().to_string()) && e.contains("model.norm.weight"),
+            "{bad}: {e}"
+        );
+    }
+    write(&index, INDEX_SEED.as_bytes());
+    SafetensorsCheckpoint::open(dir.path()).unwrap();
+}
