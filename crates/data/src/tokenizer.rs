@@ -94,10 +94,27 @@ impl Tok {
     /// The hash is taken over the JSON bytes, so both forms are the same tokenizer.
     pub fn from_file(path: &Path) -> Result<Tok> {
         let bytes = read_tokenizer_json(path)?;
-        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| DataError::TokenizerLoad {
+        let load_error = |message: String| DataError::TokenizerLoad {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        // The `tokenizers` crate panics on some malformed files instead of returning an error
+        // (its decoder deserialiser calls `expect` on a nested parse, e.g. for a `decoder`
+        // object with a non-string key), so a panic while parsing is caught and reported as
+        // the load error it should have been. Nothing outlives the call, so no broken state
+        // is observable afterwards.
+        let parsed =
+            std::panic::catch_unwind(|| Tokenizer::from_bytes(&bytes)).map_err(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown error".into());
+                load_error(format!(
+                    "the tokenizers crate failed while parsing it: {what}"
+                ))
+            })?;
+        let inner = parsed.map_err(|e| load_error(e.to_string()))?;
         let hash = hex::encode(Sha256::digest(&bytes));
         let eos = EOS_CANDIDATES.iter().find_map(|t| inner.token_to_id(t));
         // Ids need not be dense (added tokens may sit above the base vocabulary), so the
