@@ -27,6 +27,36 @@ fn err(path: &Path, message: impl Into<String>) -> DataError {
     }
 }
 
+/// Every column chunk the footer lists must lie inside the file: the `parquet` crate asserts
+/// (panics) on a negative offset or size when it reads the chunk, and a size beyond the file
+/// would only fail later, after allocating for it.
+fn check_chunks(path: &Path, reader: &SerializedFileReader<File>, file_len: u64) -> Result<()> {
+    for (g, group) in reader.metadata().row_groups().iter().enumerate() {
+        for chunk in group.columns() {
+            let start = chunk
+                .dictionary_page_offset()
+                .unwrap_or(chunk.data_page_offset());
+            let len = chunk.compressed_size();
+            let inside = start >= 0
+                && len >= 0
+                && (start as u64)
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= file_len);
+            if !inside {
+                return Err(err(
+                    path,
+                    format!(
+                        "row group {g}, column `{}`: the footer places its data at byte {start}, \
+                         {len} bytes long, outside the file ({file_len} bytes); the file is corrupt",
+                        chunk.column_path()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl ParquetDocuments {
     /// Open `path` and check that `column` is a top-level string column; the error names the
     /// file, and lists the columns it has when `column` is not one of them.
@@ -37,8 +67,10 @@ impl ParquetDocuments {
             },
             _ => DataError::io(path, e),
         })?;
+        let file_len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
         let reader = SerializedFileReader::new(file)
             .map_err(|e| err(path, format!("not a readable Parquet file: {e}")))?;
+        check_chunks(path, &reader, file_len)?;
         let schema = reader.metadata().file_metadata().schema_descr();
         let root = schema.root_schema();
         let Some(field) = root.get_fields().iter().find(|f| f.name() == column) else {
