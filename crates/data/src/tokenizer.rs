@@ -25,7 +25,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer, TokenizerBuilder};
 
-use crate::error::{DataError, Result};
+use crate::error::{DataError, Result, panic_message};
 use crate::ingest::{self, SourceKind};
 
 /// Document separator of Qwen base models (and GPT-2), looked up first by [`Tok::eos_id`].
@@ -105,13 +105,9 @@ impl Tok {
         // is observable afterwards.
         let parsed =
             std::panic::catch_unwind(|| Tokenizer::from_bytes(&bytes)).map_err(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown error".into());
                 load_error(format!(
-                    "the tokenizers crate failed while parsing it: {what}"
+                    "the tokenizers crate failed while parsing it: {}",
+                    panic_message(&*panic)
                 ))
             })?;
         let inner = parsed.map_err(|e| load_error(e.to_string()))?;

@@ -588,3 +588,18 @@ fn tokenizer_json_that_panics_the_tokenizers_crate() {
     let e = Tok::from_file(&path).unwrap_err().to_string();
     assert!(e.contains(&path.display().to_string()), "{e}");
 }
+
+/// The minimal input the fuzz found (seed 7) whose corrupt page makes the `parquet` crate's
+/// decoder panic (slice index out of range in `bit_util`): it must be an error naming the file.
+#[test]
+fn parquet_page_that_panics_the_parquet_crate() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/parquet/fuzz_bit_util_panic.parquet");
+    let e = ingest::load(&SourceFile::from_path(&path), "text")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&path.display().to_string()) && e.contains("corrupt Parquet data"),
+        "{e}"
+    );
+}
