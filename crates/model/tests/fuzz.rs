@@ -186,29 +186,120 @@ fn config_json_file() {
     );
 }
 
-/// `from_json` on the JSON values that value, key and nesting edits produce (the few inputs
-/// they leave unparsable are skipped here; the file test above covers the JSON parser). An error must be `InvalidConfig` naming a field:
-/// a key of `config.json` (dotted when nested), or `config` for the whole object; the field is
-/// empty only when the offending key is the empty string, which the reason then quotes.
+/// JSON pointers of every node of `value`, in depth-first order.
+fn pointers(value: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let p = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+                out.push(p.clone());
+                pointers(v, p, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let p = format!("{at}/{i}");
+                out.push(p.clone());
+                pointers(v, p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An edit of a parsed `config.json`: the node at an index (depth-first) gets a new value, is
+/// removed, or moves under another key.
+#[derive(Clone, Debug)]
+enum ValueEdit {
+    Replace(usize, usize),
+    Remove(usize),
+    Rename(usize, usize),
+}
+
+fn apply_value_edit(
+    value: &mut serde_json::Value,
+    edit: &ValueEdit,
+    extremes: &[serde_json::Value],
+) {
+    let mut all = Vec::new();
+    pointers(value, String::new(), &mut all);
+    let pick = |n: usize| all.get(n % all.len().max(1)).cloned();
+    let split = |p: &str| {
+        let (parent, last) = p.rsplit_once('/').unwrap_or(("", p));
+        (
+            parent.to_string(),
+            last.replace("~1", "/").replace("~0", "~"),
+        )
+    };
+    match *edit {
+        ValueEdit::Replace(n, k) => {
+            if let Some(node) = pick(n).and_then(|p| value.pointer_mut(&p)) {
+                *node = extremes[k % extremes.len()].clone();
+            }
+        }
+        ValueEdit::Remove(n) | ValueEdit::Rename(n, _) => {
+            let Some((parent, last)) = pick(n).map(|p| split(&p)) else {
+                return;
+            };
+            let Some(serde_json::Value::Object(map)) = value.pointer_mut(&parent) else {
+                return;
+            };
+            let Some(old) = map.remove(&last) else {
+                return;
+            };
+            if let ValueEdit::Rename(_, k) = *edit {
+                map.insert(CONFIG_KEYS[k % CONFIG_KEYS.len()].to_string(), old);
+            }
+        }
+    }
+}
+
+/// `from_json` on parsed seeds edited as JSON values: nodes replaced with extreme values (huge
+/// and negative integers, 1e308, -0.0, fractions, empty strings, wrong types, nesting to
+/// serde_json's depth limit), removed, or renamed to other keys. An error must be
+/// `InvalidConfig` naming a field: a key of `config.json` (dotted when nested), or `config` for
+/// the whole object; the field is empty only when the offending key is the empty string, which
+/// the reason then quotes.
 #[test]
 fn config_json_value() {
-    let dict = dictionary(CONFIG_SEEDS, CONFIG_KEYS);
+    let seeds: Vec<serde_json::Value> = CONFIG_SEEDS
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect();
+    let mut extremes: Vec<serde_json::Value> = support::JSON_EXTREMES
+        .iter()
+        .filter_map(|v| serde_json::from_str(v).ok())
+        .collect();
+    for depth in [2, 32, 126] {
+        extremes.push(
+            serde_json::from_str(&format!("{}1{}", "[".repeat(depth), "]".repeat(depth))).unwrap(),
+        );
+    }
+    let edit = prop_oneof![
+        6 => (any::<usize>(), any::<usize>()).prop_map(|(n, k)| ValueEdit::Replace(n, k)),
+        2 => any::<usize>().prop_map(ValueEdit::Remove),
+        2 => (any::<usize>(), any::<usize>()).prop_map(|(n, k)| ValueEdit::Rename(n, k)),
+    ];
+    let strategy = (
+        0..seeds.len(),
+        proptest::collection::vec(edit, 1..6),
+        any::<bool>(),
+    );
     let tally = Tally::default();
     support::run(
         "config.json (Qwen3Config::from_json)",
-        (
-            support::mutated_with(dict, support::value_edit().boxed(), 0),
-            any::<bool>(),
-        ),
+        strategy,
         &tally,
-        |(Bytes(input), strict)| {
-            let Ok(value) = serde_json::from_slice::<serde_json::Value>(&input) else {
-                return Ok(());
-            };
+        |(seed, edits, strict)| {
+            let mut value = seeds[seed].clone();
+            for e in &edits {
+                apply_value_edit(&mut value, e, &extremes);
+            }
+            let text = value.to_string();
             let (result, peak) =
-                support::measure(&input, || Qwen3Config::from_json(&value, strict));
-            tally.add(result.is_ok(), input.len(), peak);
-            JSON_BOUND.check("config.json value", input.len(), peak)?;
+                support::measure(text.as_bytes(), || Qwen3Config::from_json(&value, strict));
+            tally.add(result.is_ok(), text.len(), peak);
+            JSON_BOUND.check("config.json value", text.len(), peak)?;
             match result {
                 Ok(_) => {}
                 Err(ModelError::InvalidConfig { field, reason })
