@@ -110,7 +110,16 @@ impl Tok {
                     panic_message(&*panic)
                 ))
             })?;
-        let inner = parsed.map_err(|e| load_error(e.to_string()))?;
+        let mut inner = parsed.map_err(|e| load_error(e.to_string()))?;
+        // Documents are encoded whole and this crate builds its own batches, so the truncation
+        // and padding of a tokenizer.json (settings for model inputs in transformers) are
+        // switched off: they would silently cut or pad every document, and the tokenizers
+        // crate panics while encoding under some truncation settings (a `stride` not below
+        // `max_length` minus the special tokens).
+        inner
+            .with_truncation(None)
+            .map_err(|e| load_error(e.to_string()))?;
+        inner.with_padding(None);
         let hash = hex::encode(Sha256::digest(&bytes));
         let eos = EOS_CANDIDATES.iter().find_map(|t| inner.token_to_id(t));
         // Ids need not be dense (added tokens may sit above the base vocabulary), so the

@@ -603,3 +603,19 @@ fn parquet_page_that_panics_the_parquet_crate() {
         "{e}"
     );
 }
+
+/// The minimal input the fuzz found (seed 12345): truncation with `stride` 2 and `max_length`
+/// 1 makes the `tokenizers` crate panic while encoding. Truncation and padding are switched
+/// off at load, so the tokenizer encodes whole texts.
+#[test]
+fn tokenizer_json_truncation_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    let text = WORDPIECE.replace(r#""max_length":8"#, r#""max_length":1"#);
+    assert_ne!(text, WORDPIECE);
+    write(&path, text.as_bytes());
+    let tok = Tok::from_file(&path).unwrap();
+    let words = "hello world ".repeat(10);
+    assert_eq!(tok.encode(&words).unwrap().len(), 20);
+    assert_eq!(tok.encode_with_offsets(&words).unwrap().0.len(), 20);
+}
