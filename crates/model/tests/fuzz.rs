@@ -565,3 +565,18 @@ fn safetensors_index_names_only_files_beside_it() {
     write(&index, INDEX_SEED.as_bytes());
     SafetensorsCheckpoint::open(dir.path()).unwrap();
 }
+
+/// The harness itself: the counting allocator sees a large allocation made while measuring,
+/// and the bound rejects it.
+#[test]
+fn allocation_bound_catches_a_large_allocation() {
+    let input = [0u8; 1000];
+    let ((), peak) = support::measure(&input, || {
+        let big = vec![1u8; 100 * MIB];
+        assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 100 * MIB);
+    });
+    assert!(peak >= 100 * MIB, "peak {peak}");
+    assert!(JSON_BOUND.check("self-test", input.len(), peak).is_err());
+    let ((), small) = support::measure(&input, || drop(vec![1u8; 1000]));
+    assert!(small < 100 * MIB && JSON_BOUND.check("self-test", input.len(), small).is_ok());
+}
