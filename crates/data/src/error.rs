@@ -213,3 +213,13 @@ impl DataError {
         }
     }
 }
+
+/// The message of a caught panic (a `&str` or `String` payload), for errors that report a
+/// panic of a dependency on malformed input.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown error".into())
+}

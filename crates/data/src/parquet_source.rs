@@ -9,7 +9,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 use parquet::schema::types::Type;
 
-use crate::error::{DataError, Result};
+use crate::error::{DataError, Result, panic_message};
 
 /// The documents of a Parquet file's text column, row group by row group.
 pub struct ParquetDocuments {
@@ -27,6 +27,55 @@ fn err(path: &Path, message: impl Into<String>) -> DataError {
     }
 }
 
+/// Runs a call into the `parquet` crate, turning a panic into an error naming the file.
+///
+/// The crate's decoders index page buffers with lengths read from the file, and some corrupt
+/// pages make them panic (a slice index out of range in `bit_util`, found by the fuzz) instead
+/// of returning an error. Those lengths cannot all be checked before decoding without
+/// re-implementing the decoders, so the panic is caught here and reported as the corrupt file it
+/// is; the reader is not used after it (see [`ParquetDocuments::next_row_group`]).
+fn guarded<T>(path: &Path, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+        Err(err(
+            path,
+            format!(
+                "corrupt Parquet data: the parquet crate failed while decoding it ({})",
+                panic_message(&*panic)
+            ),
+        ))
+    })
+}
+
+/// Every column chunk the footer lists must lie inside the file: the `parquet` crate asserts
+/// (panics) on a negative offset or size when it reads the chunk, and a size beyond the file
+/// would only fail later, after allocating for it.
+fn check_chunks(path: &Path, reader: &SerializedFileReader<File>, file_len: u64) -> Result<()> {
+    for (g, group) in reader.metadata().row_groups().iter().enumerate() {
+        for chunk in group.columns() {
+            let start = chunk
+                .dictionary_page_offset()
+                .unwrap_or(chunk.data_page_offset());
+            let len = chunk.compressed_size();
+            let inside = start >= 0
+                && len >= 0
+                && (start as u64)
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= file_len);
+            if !inside {
+                return Err(err(
+                    path,
+                    format!(
+                        "row group {g}, column `{}`: the footer places its data at byte {start}, \
+                         {len} bytes long, outside the file ({file_len} bytes); the file is corrupt",
+                        chunk.column_path()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl ParquetDocuments {
     /// Open `path` and check that `column` is a top-level string column; the error names the
     /// file, and lists the columns it has when `column` is not one of them.
@@ -37,8 +86,12 @@ impl ParquetDocuments {
             },
             _ => DataError::io(path, e),
         })?;
-        let reader = SerializedFileReader::new(file)
-            .map_err(|e| err(path, format!("not a readable Parquet file: {e}")))?;
+        let file_len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
+        let reader = guarded(path, || {
+            SerializedFileReader::new(file)
+                .map_err(|e| err(path, format!("not a readable Parquet file: {e}")))
+        })?;
+        check_chunks(path, &reader, file_len)?;
         let schema = reader.metadata().file_metadata().schema_descr();
         let root = schema.root_schema();
         let Some(field) = root.get_fields().iter().find(|f| f.name() == column) else {
@@ -100,7 +153,12 @@ impl ParquetDocuments {
         }
         let index = self.next;
         self.next += 1;
-        Some(self.read_row_group(index))
+        let read = guarded(&self.path, || self.read_row_group(index));
+        if read.is_err() {
+            // After an error (a caught panic above all) the reader is not used again.
+            self.next = usize::MAX;
+        }
+        Some(read)
     }
 
     fn read_row_group(&self, index: usize) -> Result<Vec<String>> {

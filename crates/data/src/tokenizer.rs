@@ -25,7 +25,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer, TokenizerBuilder};
 
-use crate::error::{DataError, Result};
+use crate::error::{DataError, Result, panic_message};
 use crate::ingest::{self, SourceKind};
 
 /// Document separator of Qwen base models (and GPT-2), looked up first by [`Tok::eos_id`].
@@ -98,10 +98,32 @@ impl Tok {
     /// The hash is taken over the JSON bytes, so both forms are the same tokenizer.
     pub fn from_file(path: &Path) -> Result<Tok> {
         let bytes = read_tokenizer_json(path)?;
-        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| DataError::TokenizerLoad {
+        let load_error = |message: String| DataError::TokenizerLoad {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        // The `tokenizers` crate panics on some malformed files instead of returning an error
+        // (its decoder deserialiser calls `expect` on a nested parse, e.g. for a `decoder`
+        // object with a non-string key), so a panic while parsing is caught and reported as
+        // the load error it should have been. Nothing outlives the call, so no broken state
+        // is observable afterwards.
+        let parsed =
+            std::panic::catch_unwind(|| Tokenizer::from_bytes(&bytes)).map_err(|panic| {
+                load_error(format!(
+                    "the tokenizers crate failed while parsing it: {}",
+                    panic_message(&*panic)
+                ))
+            })?;
+        let mut inner = parsed.map_err(|e| load_error(e.to_string()))?;
+        // Documents are encoded whole and this crate builds its own batches, so the truncation
+        // and padding of a tokenizer.json (settings for model inputs in transformers) are
+        // switched off: they would silently cut or pad every document, and the tokenizers
+        // crate panics while encoding under some truncation settings (a `stride` not below
+        // `max_length` minus the special tokens).
+        inner
+            .with_truncation(None)
+            .map_err(|e| load_error(e.to_string()))?;
+        inner.with_padding(None);
         let hash = hex::encode(Sha256::digest(&bytes));
         let eos = EOS_CANDIDATES.iter().find_map(|t| inner.token_to_id(t));
         // Ids need not be dense (added tokens may sit above the base vocabulary), so the

@@ -25,6 +25,15 @@ fn is_ignorable(key: &str) -> bool {
     key.ends_with("rotary_emb.inv_freq")
 }
 
+/// A file name with no directory part (one normal path component).
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    )
+}
+
 /// Parameters that exist in our model but never in HF checkpoints.
 fn is_ours_only(key: &str) -> bool {
     key.ends_with(".routing_bias")
@@ -65,7 +74,22 @@ impl SafetensorsCheckpoint {
                     path: index.clone(),
                     reason: "missing object `weight_map`".into(),
                 })?;
-            let names: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
+            let mut names = BTreeSet::new();
+            for (key, value) in map {
+                // Shards are files beside the index: a path elsewhere (`../x`, `/dev/stdin`)
+                // would let a downloaded index make us open any file, a FIFO or a device.
+                let name = value
+                    .as_str()
+                    .filter(|n| is_plain_file_name(n))
+                    .ok_or_else(|| ModelError::ConfigParse {
+                        path: index.clone(),
+                        reason: format!(
+                            "weight_map entry `{key}` is {value}, expected the file name of a \
+                             shard in the same directory"
+                        ),
+                    })?;
+                names.insert(name);
+            }
             names.into_iter().map(|n| dir.join(n)).collect()
         } else if single.exists() {
             vec![single]

@@ -1,0 +1,582 @@
+//! Fuzz tests of the model crate's parsers of user files: HF `config.json`
+//! ([`Qwen3Config::from_file`], [`Qwen3Config::from_json`]), `generation_config.json`
+//! ([`GenerationConfig::from_file`]) and safetensors headers ([`SafetensorsCheckpoint::open`]
+//! and [`SafetensorsCheckpoint::read_f32`], single files and sharded indexes).
+//!
+//! Each parser runs 10,000 cases from mutated valid seeds (see `fuzz/support.rs`) and each case
+//! checks that the parser returns (no panic, no abort), that its peak allocation stays under
+//! `A * input_len + B`, and that an error names the file it read (for `from_json`: a field).
+
+#[path = "../../../fuzz/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use qwen_burn_model::{GenerationConfig, ModelError, Qwen3Config, SafetensorsCheckpoint};
+use safetensors::tensor::{Dtype, TensorView};
+use support::{Bound, Bytes, Dictionary, Edit, MIB, Tally};
+
+#[global_allocator]
+static ALLOC: support::Counting = support::Counting;
+
+/// `config.json` and `generation_config.json` hold a few KiB of JSON; parsing builds a
+/// `serde_json::Value` (tens of bytes per input byte) and a config. 64 bytes per input byte
+/// plus 8 MiB admits that and rejects any allocation sized by a value rather than the input.
+const JSON_BOUND: Bound = Bound {
+    per_byte: 64,
+    base: 8 * MIB,
+};
+
+/// Safetensors: the header is parsed into a map (as JSON above) and `read_f32` returns at most
+/// 2 f32 bytes per file byte (F16/BF16 widened), so the same bound holds.
+const SAFETENSORS_BOUND: Bound = JSON_BOUND;
+
+const CONFIG_SEEDS: &[&str] = &[
+    include_str!("fixtures/dense/config.json"),
+    include_str!("fixtures/dense_legacy_tied/config.json"),
+    include_str!("fixtures/moe/config.json"),
+    include_str!("fixtures/moe_norm_false/config.json"),
+    include_str!("fixtures/rope_dynamic/config.json"),
+    include_str!("fixtures/rope_linear/config.json"),
+    include_str!("fixtures/rope_llama3/config.json"),
+    include_str!("fixtures/yarn/config.json"),
+    include_str!("fixtures/sharded_bf16/config.json"),
+];
+
+/// HF `config.json` keys (ours and legacy spellings), and a few unknown ones.
+const CONFIG_KEYS: &[&str] = &[
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "tie_word_embeddings",
+    "attention_bias",
+    "initializer_range",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "norm_topk_prob",
+    "router_aux_loss_coef",
+    "router_capacity_factor",
+    "torch_dtype",
+    "dtype",
+    "architectures",
+    "layer_types",
+    "use_sliding_window",
+    "sliding_window",
+    "bogus",
+    "",
+];
+
+const GENERATION_SEEDS: &[&str] = &[
+    include_str!("fixtures/dense/generation_config.json"),
+    include_str!("fixtures/moe/generation_config.json"),
+    include_str!("fixtures/sharded_bf16/generation_config.json"),
+    // What Qwen3 chat checkpoints ship.
+    r#"{
+  "bos_token_id": 151643,
+  "do_sample": true,
+  "eos_token_id": [
+    151645,
+    151643
+  ],
+  "pad_token_id": 151643,
+  "temperature": 0.6,
+  "top_k": 20,
+  "top_p": 0.95,
+  "max_new_tokens": 256,
+  "repetition_penalty": 1.0,
+  "num_beams": 1,
+  "transformers_version": "4.51.0"
+}
+"#,
+    r#"{"eos_token_id": 2, "do_sample": false, "no_repeat_ngram_size": 3, "length_penalty": 1.5}"#,
+];
+
+const GENERATION_KEYS: &[&str] = &[
+    "eos_token_id",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_new_tokens",
+    "bos_token_id",
+    "pad_token_id",
+    "num_beams",
+    "num_return_sequences",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "transformers_version",
+    "bogus",
+];
+
+fn dictionary(seeds: &[&str], keys: &[&str]) -> Arc<Dictionary> {
+    Arc::new(Dictionary {
+        seeds: seeds.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        extremes: support::JSON_EXTREMES,
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+    })
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The error names the file: its full path is in the message.
+fn check_names_file(err: &ModelError, path: &Path) -> Result<(), TestCaseError> {
+    let message = err.to_string();
+    prop_assert!(
+        message.contains(&path.display().to_string()),
+        "error does not name {}: {message}",
+        path.display()
+    );
+    Ok(())
+}
+
+#[test]
+fn config_json_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let dict = dictionary(CONFIG_SEEDS, CONFIG_KEYS);
+    let tally = Tally::default();
+    support::run(
+        "config.json (Qwen3Config::from_file)",
+        support::mutated(dict, support::edit().boxed()),
+        &tally,
+        |Bytes(input)| {
+            write(&path, &input);
+            let (result, peak) = support::measure(&input, || Qwen3Config::from_file(&path));
+            tally.add(result.is_ok(), input.len(), peak);
+            JSON_BOUND.check("config.json", input.len(), peak)?;
+            if let Err(e) = &result {
+                check_names_file(e, &path)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// JSON pointers of every node of `value`, in depth-first order.
+fn pointers(value: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let p = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+                out.push(p.clone());
+                pointers(v, p, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let p = format!("{at}/{i}");
+                out.push(p.clone());
+                pointers(v, p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An edit of a parsed `config.json`: the node at an index (depth-first) gets a new value, is
+/// removed, or moves under another key.
+#[derive(Clone, Debug)]
+enum ValueEdit {
+    Replace(usize, usize),
+    Remove(usize),
+    Rename(usize, usize),
+}
+
+fn apply_value_edit(
+    value: &mut serde_json::Value,
+    edit: &ValueEdit,
+    extremes: &[serde_json::Value],
+) {
+    let mut all = Vec::new();
+    pointers(value, String::new(), &mut all);
+    let pick = |n: usize| all.get(n % all.len().max(1)).cloned();
+    let split = |p: &str| {
+        let (parent, last) = p.rsplit_once('/').unwrap_or(("", p));
+        (
+            parent.to_string(),
+            last.replace("~1", "/").replace("~0", "~"),
+        )
+    };
+    match *edit {
+        ValueEdit::Replace(n, k) => {
+            if let Some(node) = pick(n).and_then(|p| value.pointer_mut(&p)) {
+                *node = extremes[k % extremes.len()].clone();
+            }
+        }
+        ValueEdit::Remove(n) | ValueEdit::Rename(n, _) => {
+            let Some((parent, last)) = pick(n).map(|p| split(&p)) else {
+                return;
+            };
+            let Some(serde_json::Value::Object(map)) = value.pointer_mut(&parent) else {
+                return;
+            };
+            let Some(old) = map.remove(&last) else {
+                return;
+            };
+            if let ValueEdit::Rename(_, k) = *edit {
+                map.insert(CONFIG_KEYS[k % CONFIG_KEYS.len()].to_string(), old);
+            }
+        }
+    }
+}
+
+/// `from_json` on parsed seeds edited as JSON values: nodes replaced with extreme values (huge
+/// and negative integers, 1e308, -0.0, fractions, empty strings, wrong types, nesting to
+/// serde_json's depth limit), removed, or renamed to other keys. An error must be
+/// `InvalidConfig` naming a field: a key of `config.json` (dotted when nested), or `config` for
+/// the whole object; the field is empty only when the offending key is the empty string, which
+/// the reason then quotes.
+#[test]
+fn config_json_value() {
+    let seeds: Vec<serde_json::Value> = CONFIG_SEEDS
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect();
+    let mut extremes: Vec<serde_json::Value> = support::JSON_EXTREMES
+        .iter()
+        .filter_map(|v| serde_json::from_str(v).ok())
+        .collect();
+    for depth in [2, 32, 126] {
+        extremes.push(
+            serde_json::from_str(&format!("{}1{}", "[".repeat(depth), "]".repeat(depth))).unwrap(),
+        );
+    }
+    let edit = prop_oneof![
+        6 => (any::<usize>(), any::<usize>()).prop_map(|(n, k)| ValueEdit::Replace(n, k)),
+        2 => any::<usize>().prop_map(ValueEdit::Remove),
+        2 => (any::<usize>(), any::<usize>()).prop_map(|(n, k)| ValueEdit::Rename(n, k)),
+    ];
+    let strategy = (
+        0..seeds.len(),
+        proptest::collection::vec(edit, 1..6),
+        any::<bool>(),
+    );
+    let tally = Tally::default();
+    support::run(
+        "config.json (Qwen3Config::from_json)",
+        strategy,
+        &tally,
+        |(seed, edits, strict)| {
+            let mut value = seeds[seed].clone();
+            for e in &edits {
+                apply_value_edit(&mut value, e, &extremes);
+            }
+            let text = value.to_string();
+            let (result, peak) =
+                support::measure(text.as_bytes(), || Qwen3Config::from_json(&value, strict));
+            tally.add(result.is_ok(), text.len(), peak);
+            JSON_BOUND.check("config.json value", text.len(), peak)?;
+            match result {
+                Ok(_) => {}
+                Err(ModelError::InvalidConfig { field, reason })
+                    if !field.is_empty() || reason.contains("``") => {}
+                Err(e) => prop_assert!(false, "error names no field: {e:?}"),
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn generation_config_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generation_config.json");
+    let dict = dictionary(GENERATION_SEEDS, GENERATION_KEYS);
+    let tally = Tally::default();
+    support::run(
+        "generation_config.json (GenerationConfig::from_file)",
+        support::mutated(dict, support::edit().boxed()),
+        &tally,
+        |Bytes(input)| {
+            write(&path, &input);
+            let (result, peak) = support::measure(&input, || {
+                GenerationConfig::from_file(&path).map(|c| c.sampling())
+            });
+            tally.add(result.is_ok(), input.len(), peak);
+            JSON_BOUND.check("generation_config.json", input.len(), peak)?;
+            if let Err(e) = &result {
+                check_names_file(e, &path)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Key, dtype, shape and bytes of a tensor of a seed file.
+type SeedTensor<'a> = (&'a str, Dtype, Vec<usize>, &'a [u8]);
+
+/// Small valid safetensors files: every dtype we read and one we refuse, scalars, empty
+/// tensors, with and without `__metadata__`.
+fn safetensors_seeds() -> Vec<Vec<u8>> {
+    let f32s: Vec<u8> = (0..12)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let halves: Vec<u8> = (0..8u16).flat_map(|i| (0x3c00 + i).to_le_bytes()).collect();
+    let ints: Vec<u8> = (0..3i64).flat_map(|i| i.to_le_bytes()).collect();
+    let one = 1.5f32.to_le_bytes();
+    let seeds: Vec<Vec<SeedTensor<'_>>> = vec![
+        vec![
+            ("model.embed_tokens.weight", Dtype::F32, vec![3, 4], &f32s),
+            ("model.norm.weight", Dtype::F16, vec![8], &halves),
+        ],
+        vec![
+            ("lm_head.weight", Dtype::BF16, vec![2, 2, 2], &halves),
+            ("scalar", Dtype::F32, vec![], &one),
+            ("empty", Dtype::F32, vec![0, 5], &[]),
+        ],
+        vec![("ids", Dtype::I64, vec![3], &ints)],
+    ];
+    seeds
+        .into_iter()
+        .enumerate()
+        .map(|(i, tensors)| {
+            let views: Vec<(String, TensorView<'_>)> = tensors
+                .into_iter()
+                .map(|(k, dtype, shape, data)| {
+                    (k.to_string(), TensorView::new(dtype, shape, data).unwrap())
+                })
+                .collect();
+            let metadata =
+                (i == 0).then(|| HashMap::from([("format".to_string(), "pt".to_string())]));
+            safetensors::serialize(views, metadata).unwrap()
+        })
+        .collect()
+}
+
+/// A safetensors case: a header edited as JSON (its length prefix rewritten or not), then
+/// edited as bytes; optionally a `model.safetensors.index.json` (edited as JSON) beside it.
+#[derive(Clone, Debug)]
+struct SafetensorsCase {
+    seed: usize,
+    header_edits: Vec<Edit>,
+    fix_length: bool,
+    byte_edits: Vec<Edit>,
+    random: Option<Bytes>,
+    index: Option<Vec<Edit>>,
+}
+
+const INDEX_SEED: &str = r#"{
+  "metadata": {"total_size": 64},
+  "weight_map": {
+    "model.embed_tokens.weight": "model.safetensors",
+    "model.norm.weight": "model.safetensors"
+  }
+}
+"#;
+
+const SAFETENSORS_KEYS: &[&str] = &[
+    "__metadata__",
+    "dtype",
+    "shape",
+    "data_offsets",
+    "F32",
+    "F16",
+    "BF16",
+    "I64",
+    "F8_E4M3",
+    "BOOL",
+    "weight_map",
+    "metadata",
+    "model.safetensors",
+    "model-00001-of-00002.safetensors",
+    "../model.safetensors",
+    "/dev/null",
+    "",
+];
+
+#[test]
+fn safetensors_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    let index = dir.path().join("model.safetensors.index.json");
+    let seeds = safetensors_seeds();
+    let headers = Arc::new(Dictionary {
+        seeds: seeds
+            .iter()
+            .map(|s| {
+                let n = u64::from_le_bytes(s[..8].try_into().unwrap()) as usize;
+                s[8..8 + n].to_vec()
+            })
+            .collect(),
+        extremes: support::JSON_EXTREMES,
+        keys: SAFETENSORS_KEYS.iter().map(|k| k.to_string()).collect(),
+    });
+    let files = Arc::new(Dictionary {
+        seeds: seeds.clone(),
+        extremes: support::JSON_EXTREMES,
+        keys: Vec::new(),
+    });
+    let indexes = Arc::new(Dictionary {
+        seeds: vec![INDEX_SEED.as_bytes().to_vec()],
+        extremes: support::JSON_EXTREMES,
+        keys: SAFETENSORS_KEYS.iter().map(|k| k.to_string()).collect(),
+    });
+    let edits = || proptest::collection::vec(support::edit(), 0..4);
+    let strategy = (
+        0..seeds.len(),
+        edits(),
+        prop::bool::weighted(0.8),
+        proptest::collection::vec(support::byte_edit(), 0..3),
+        prop::option::weighted(0.05, proptest::collection::vec(any::<u8>(), 0..1024)),
+        prop::option::weighted(0.2, edits()),
+    )
+        .prop_map(
+            |(seed, header_edits, fix_length, byte_edits, random, index)| SafetensorsCase {
+                seed,
+                header_edits,
+                fix_length,
+                byte_edits,
+                random: random.map(Bytes),
+                index,
+            },
+        );
+    let tally = Tally::default();
+    support::run(
+        "safetensors header (SafetensorsCheckpoint::open, read_f32)",
+        strategy,
+        &tally,
+        |case| {
+            let bytes = match &case.random {
+                Some(Bytes(b)) => b.clone(),
+                None => {
+                    let seed = &seeds[case.seed];
+                    let n = u64::from_le_bytes(seed[..8].try_into().unwrap()) as usize;
+                    let mut header = seed[8..8 + n].to_vec();
+                    for e in &case.header_edits {
+                        headers.apply(&mut header, e);
+                    }
+                    let prefix = if case.fix_length {
+                        header.len() as u64
+                    } else {
+                        n as u64
+                    };
+                    let mut bytes = prefix.to_le_bytes().to_vec();
+                    bytes.extend_from_slice(&header);
+                    bytes.extend_from_slice(&seed[8 + n..]);
+                    for e in &case.byte_edits {
+                        files.apply(&mut bytes, e);
+                    }
+                    bytes
+                }
+            };
+            write(&file, &bytes);
+            let mut input_len = bytes.len();
+            match &case.index {
+                Some(edits) => {
+                    let mut text = INDEX_SEED.as_bytes().to_vec();
+                    for e in edits {
+                        indexes.apply(&mut text, e);
+                    }
+                    input_len += text.len();
+                    write(&index, &text);
+                }
+                None => {
+                    let _ = std::fs::remove_file(&index);
+                }
+            }
+            let (result, peak) = support::measure(&bytes, || {
+                let checkpoint = SafetensorsCheckpoint::open(dir.path())?;
+                let mut keys: Vec<String> = checkpoint.keys().cloned().collect();
+                keys.sort();
+                for key in keys {
+                    if let Some(read) = checkpoint.read_f32(&key) {
+                        read?;
+                    }
+                }
+                Ok::<_, ModelError>(())
+            });
+            tally.add(result.is_ok(), input_len, peak);
+            SAFETENSORS_BOUND.check("safetensors", input_len, peak)?;
+            // Every file read lies in the directory, so an error naming the file (or, for a
+            // tensor's dtype, the checkpoint directory and the key) contains the directory.
+            if let Err(e) = &result {
+                check_names_file(e, dir.path())?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Shard names in an index must be plain file names beside it: anything else (a parent
+/// directory, an absolute path, a subdirectory, a non-string) is an error naming the index and
+/// the entry, before any file is opened.
+#[test]
+fn safetensors_index_names_only_files_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("model.safetensors.index.json");
+    write(
+        &dir.path().join("model.safetensors"),
+        &safetensors_seeds()[0],
+    );
+    for bad in [
+        r#""../model.safetensors""#,
+        r#""/dev/stdin""#,
+        r#""sub/model.safetensors""#,
+        r#""""#,
+        r#""..""#,
+        "5",
+        "null",
+    ] {
+        let text = format!(r#"{{"weight_map": {{"model.norm.weight": {bad}}}}}"#);
+        write(&index, text.as_bytes());
+        let e = SafetensorsCheckpoint::open(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&index.display().to_string()) && e.contains("model.norm.weight"),
+            "{bad}: {e}"
+        );
+    }
+    write(&index, INDEX_SEED.as_bytes());
+    SafetensorsCheckpoint::open(dir.path()).unwrap();
+}
+
+/// The harness itself: the counting allocator sees a large allocation made while measuring,
+/// and the bound rejects it.
+#[test]
+fn allocation_bound_catches_a_large_allocation() {
+    let input = [0u8; 1000];
+    let ((), peak) = support::measure(&input, || {
+        let big = vec![1u8; 100 * MIB];
+        assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 100 * MIB);
+    });
+    assert!(peak >= 100 * MIB, "peak {peak}");
+    assert!(JSON_BOUND.check("self-test", input.len(), peak).is_err());
+    let ((), small) = support::measure(&input, || drop(vec![1u8; 1000]));
+    assert!(small < 100 * MIB && JSON_BOUND.check("self-test", input.len(), small).is_ok());
+}
