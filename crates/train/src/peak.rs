@@ -142,6 +142,44 @@ pub fn run_peak(
     (devices.peak_flops(one), source)
 }
 
+/// Busy and total CPU time of the whole machine (`/proc/stat`), and this process's own CPU
+/// time (`/proc/self/stat`), in clock ticks (Linux).
+fn cpu_times() -> Option<(u64, u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name: state is the 3rd field, utime the 14th.
+    let after = own.rsplit_once(')')?.1;
+    let rest: Vec<&str> = after.split_whitespace().collect();
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some((total - idle, total, utime + stime))
+}
+
+/// The share of the machine's CPU time that other processes used while `work` ran (0 to 1),
+/// if the OS tells; and `work`'s result. A peak measured while others compute is too low.
+fn with_others_share<T>(work: impl FnOnce() -> T) -> (T, Option<f64>) {
+    let before = cpu_times();
+    let out = work();
+    let share = match (before, cpu_times()) {
+        (Some((busy0, total0, own0)), Some((busy1, total1, own1))) if total1 > total0 => {
+            let others = (busy1 - busy0).saturating_sub(own1 - own0);
+            Some(others as f64 / (total1 - total0) as f64)
+        }
+        _ => None,
+    };
+    (out, share)
+}
+
 /// The 1-minute load average (Linux), if known.
 pub fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
@@ -166,8 +204,8 @@ pub struct PeakFigure {
 /// The run's peak as [`run_peak`] finds it, except that with neither a configured figure nor a
 /// cached one, the first device is measured now (`[2048, 2048]` matmul, best of 5: about a
 /// second on a 2-core CPU) instead of assuming a figure. The measurement is cached only when
-/// the machine was quiet (1-minute load average below half the cores), since a peak measured
-/// beside other work is too low and would inflate every later MFU.
+/// the machine was quiet while it ran (other processes used under a quarter of its CPU time),
+/// since a peak measured beside other work is too low and would inflate every later MFU.
 pub fn peak_or_measure(
     devices: &DeviceSet,
     configured: &PeakTflops,
@@ -182,32 +220,30 @@ pub fn peak_or_measure(
         });
     }
     const N: usize = 2048;
-    let one = measure_peak(devices.main(), N, 5);
+    let (one, others) = with_others_share(|| measure_peak(devices.main(), N, 5));
     let record = PeakRecord {
         flops: one,
         n: N,
         machine: machine_id(),
     };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let load = load_average();
-    let quiet = load.is_some_and(|l| l < cores / 2.0);
+    let quiet = others.is_some_and(|share| share < 0.25);
     let stored = if quiet {
         store_peak(cache, devices.kinds()[0], &record).ok()
     } else {
         None
     };
-    let load_text = load.map_or("unknown".to_string(), |l| format!("{l:.2}"));
+    let busy_text = others.map_or("unknown".to_string(), |s| format!("{:.0}%", s * 100.0));
     let note = match stored {
         Some(path) => format!(
-            "MFU is against this machine's peak, measured now: {:.3} TFLOP/s (load average \
-             {load_text}; cached in {})",
+            "MFU is against this machine's peak, measured now: {:.3} TFLOP/s (other processes \
+             used {busy_text} of the CPU meanwhile; cached in {})",
             one / 1e12,
             path.display()
         ),
         None => format!(
-            "MFU is against this machine's peak, measured now: {:.3} TFLOP/s (load average \
-             {load_text}: not cached, the machine is busy; `qwen-burn bench peak --device {}` on \
-             a quiet machine caches it)",
+            "MFU is against this machine's peak, measured now: {:.3} TFLOP/s (other processes \
+             used {busy_text} of the CPU meanwhile: not cached; `qwen-burn bench peak --device \
+             {}` on a quiet machine caches it)",
             one / 1e12,
             devices.name()
         ),
