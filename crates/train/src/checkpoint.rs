@@ -6,8 +6,8 @@
 //! `run.toml` (the resolved run config) and `state.json` (step, tokens seen, data cursor, seed,
 //! validation loss, git revision). It is written under `step-XXXXXXXX.tmp/`, every file is
 //! fsynced, `state.json` last (with the SHA-256 of every other file, checked on load), and only
-//! then renamed into place: a kill at any moment leaves
-//! either the old set of checkpoints or the old set plus a complete new one, never a torn one.
+//! then renamed into place: a kill at any moment leaves either the old set of checkpoints or the
+//! old set plus a complete new one, never a torn one.
 //! Directories still ending in `.tmp` are leftovers of a crash and are ignored and removed.
 
 use std::collections::BTreeMap;
