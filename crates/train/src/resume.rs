@@ -96,6 +96,34 @@ const CURSOR_KEYS: &[&str] = &[
     "data.pack",
 ];
 
+/// The [`CURSOR_KEYS`] whose resolved values differ between the checkpoint's run table and
+/// `config`, as `key: checkpoint A vs config B`. Resolved, so that a default written out (or
+/// left out) is no change; a saved table that no longer parses is compared as written.
+fn cursor_changes(saved_run: &toml::Table, config: &RunConfig) -> Vec<String> {
+    let Ok(saved) = RunConfig::from_table(saved_run.clone()) else {
+        return changed(&run_json(saved_run), &run_json(&config.table))
+            .into_iter()
+            .filter(|(k, _, _)| CURSOR_KEYS.contains(&k.as_str()))
+            .map(|(k, a, b)| format!("{k}: checkpoint {a} vs config {b}"))
+            .collect();
+    };
+    let values = |c: &RunConfig| {
+        [
+            c.training.batch_size.to_string(),
+            c.training.seq_len.to_string(),
+            c.data.kind.as_str().to_string(),
+            format!("{:?}", c.data.sampling).to_lowercase(),
+            c.data.pack.to_string(),
+        ]
+    };
+    CURSOR_KEYS
+        .iter()
+        .zip(values(&saved).into_iter().zip(values(config)))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(k, (a, b))| format!("{k}: checkpoint {a} vs config {b}"))
+        .collect()
+}
+
 /// The `[model]`-less run table as JSON, for comparisons.
 fn run_json(t: &toml::Table) -> serde_json::Value {
     let mut t = t.clone();
@@ -178,11 +206,7 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
         });
     }
     let saved_run = read_run_toml(dir)?;
-    let fixed: Vec<String> = changed(&run_json(&saved_run), &run_json(&config.table))
-        .into_iter()
-        .filter(|(k, _, _)| CURSOR_KEYS.contains(&k.as_str()))
-        .map(|(k, a, b)| format!("{k}: checkpoint {a} vs config {b}"))
-        .collect();
+    let fixed = cursor_changes(&saved_run, config);
     if !fixed.is_empty() {
         return Err(TrainError::Checkpoint {
             path: dir.to_path_buf(),
@@ -407,5 +431,33 @@ mod tests {
         let notices = change_notices(&m, &m, &old, &new);
         assert_eq!(notices.len(), 1);
         assert!(notices[0].starts_with("training.max_steps: 6 -> 10 (the learning-rate schedule"));
+    }
+
+    #[test]
+    fn the_data_shape_is_compared_resolved_not_as_written() {
+        let table = |extra: &str| -> toml::Table {
+            format!(
+                "[model]\nvocab_size = 64\nhidden_size = 16\nintermediate_size = 32\n\
+                 num_hidden_layers = 1\nnum_attention_heads = 2\nhead_dim = 8\n\
+                 [data]\ninputs = [\"x.txt\"]\ntokenizer = \"t.json\"\n{extra}\n\
+                 [optimizer]\nlr = 1e-3\n[training]\nbatch_size = 2\nseq_len = 8\nmax_steps = 10\n"
+            )
+            .parse()
+            .unwrap()
+        };
+        let saved = table("");
+        // Defaults written out are no change.
+        let same = RunConfig::from_table(table("sampling = \"random\"")).unwrap();
+        assert!(cursor_changes(&saved, &same).is_empty());
+        let mut other = table("sampling = \"epochs\"");
+        other["training"]["batch_size"] = toml::Value::Integer(4);
+        let other = RunConfig::from_table(other).unwrap();
+        assert_eq!(
+            cursor_changes(&saved, &other),
+            [
+                "training.batch_size: checkpoint 2 vs config 4",
+                "data.sampling: checkpoint random vs config epochs"
+            ]
+        );
     }
 }
