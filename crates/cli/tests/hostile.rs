@@ -298,6 +298,8 @@ fn run_with_corrupt_newest(tmp: &Path) -> (PathBuf, PathBuf) {
 fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one_and_is_kept() {
     let tmp = tempfile::tempdir().unwrap();
     let (config, run) = run_with_corrupt_newest(tmp.path());
+    let tokens = tmp.path().join("tokens.json");
+    std::fs::write(&tokens, r#"{"input_ids": [[1, 2, 3, 4, 5]]}"#).unwrap();
     for args in [
         vec![
             "generate",
@@ -319,6 +321,7 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_previous_one_and_is_kept() {
             "--max-tokens",
             "100",
         ],
+        vec!["score", "--model", s(&run), "--tokens", s(&tokens)],
         vec!["export", "--checkpoint", s(&run), "--out", "/dev/null/x"],
     ] {
         let out = qwen_burn(&args, &[]);
