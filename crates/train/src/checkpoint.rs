@@ -396,9 +396,7 @@ pub fn set_aside_newer(run_dir: &Path, resumed_step: usize) -> Result<Vec<PathBu
         if step <= resumed_step {
             continue;
         }
-        let name = dir
-            .file_name()
-            .map_or_else(|| step_dir_name(step), |n| n.to_string_lossy().into_owned());
+        let name = step_dir_name(step);
         let mut aside = dir.with_file_name(format!("{name}.corrupt"));
         let mut n = 1;
         while aside.exists() {

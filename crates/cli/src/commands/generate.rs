@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use qwen_burn_data::{ChatTemplate, Message, Tok};
-use qwen_burn_model::{GenerationConfig, SamplingConfig, SamplingDefaults, generate};
+use qwen_burn_model::{GenerationConfig, ModelError, SamplingConfig, SamplingDefaults, generate};
 use qwen_burn_train::checkpoint::find_beside;
 use serde_json::json;
 
@@ -90,7 +90,6 @@ pub fn sampling_config(
     generation: Option<&GenerationConfig>,
     tok: Option<&Tok>,
 ) -> Result<SamplingConfig> {
-    check_sampling_flags(args)?;
     let defaults = generation.map_or(
         SamplingDefaults {
             temperature: 0.0,
@@ -113,6 +112,20 @@ pub fn sampling_config(
             }
         }
     }
+    // The flags get the library's checks (HF's) themselves, whether or not they end up used,
+    // and the error names the flag.
+    SamplingConfig {
+        temperature: args.temperature.unwrap_or(0.0),
+        top_p: args.top_p,
+        ..SamplingConfig::default()
+    }
+    .validate()
+    .map_err(|e| match e {
+        ModelError::InvalidConfig { field, reason } => {
+            anyhow::anyhow!("--{}: {reason}", field.replace('_', "-"))
+        }
+        other => other.into(),
+    })?;
     Ok(SamplingConfig {
         max_new_tokens: args
             .max_new_tokens
@@ -131,21 +144,6 @@ pub fn sampling_config(
         stop_tokens,
         use_cache: !args.no_cache,
     })
-}
-
-/// The sampling flags, checked as HF checks `generate`'s arguments; the error names the flag.
-fn check_sampling_flags(args: &Args) -> Result<()> {
-    if let Some(t) = args.temperature
-        && !(t.is_finite() && t >= 0.0)
-    {
-        bail!("--temperature {t}: expected a finite number >= 0 (0 = greedy decoding)");
-    }
-    if let Some(p) = args.top_p
-        && !(p > 0.0 && p <= 1.0)
-    {
-        bail!("--top-p {p}: expected a number in (0, 1] (1 = no nucleus filter)");
-    }
-    Ok(())
 }
 
 /// The rendered chat prompt of `--chat` / `--chat-json` (with `--system`), or `None`.
