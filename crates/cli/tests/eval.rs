@@ -1,5 +1,6 @@
 //! `qwen-burn eval`: windows of exactly `--context` tokens, the same loss as `score` on the same
-//! rows, and a per-position breakdown that averages back to the total.
+//! rows, a per-position breakdown that averages back to the total, and bits per byte: the
+//! summed loss over ln 2 and the bytes of the predicted tokens' decoded text.
 
 mod common;
 use common::*;
@@ -73,6 +74,18 @@ fn eval_matches_score_on_the_same_windows_and_buckets_average_back() {
     assert_eq!(v["tokens"], 2 * (t - 1));
     let loss = v["loss"].as_f64().unwrap();
 
+    // Bits per byte: each window predicts its tokens 1..t, whose text is decoded here.
+    let decoder = qwen_burn_data::Tok::from_file(&tok).unwrap();
+    let ids32: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+    let bytes = decoder.decode(&ids32[1..t]).unwrap().len()
+        + decoder.decode(&ids32[t + 1..2 * t]).unwrap().len();
+    let expected_bpb = loss * (2 * (t - 1)) as f64 / std::f64::consts::LN_2 / bytes as f64;
+    let bpb = v["bpb"].as_f64().expect("eval --text reports bpb");
+    assert!(
+        (bpb - expected_bpb).abs() <= 1e-9 * expected_bpb,
+        "bpb {bpb} vs {expected_bpb} ({bytes} bytes)"
+    );
+
     let tokens = tmp.path().join("tokens.json");
     let rows = serde_json::json!({"input_ids": [&ids[..t], &ids[t..2 * t]]});
     std::fs::write(&tokens, rows.to_string()).unwrap();
@@ -88,6 +101,31 @@ fn eval_matches_score_on_the_same_windows_and_buckets_average_back() {
     assert!(
         (loss - reference).abs() <= 1e-5 * reference,
         "eval {loss} vs score {reference}"
+    );
+    // `score` has no tokenizer beside this model, so no bpb; given one, the same bpb as eval.
+    assert!(scored.get("bpb").is_none(), "{scored}");
+    let scored: serde_json::Value = serde_json::from_str(
+        ok(&qwen_burn(
+            &[
+                "score",
+                "--model",
+                s(&model),
+                "--tokens",
+                s(&tokens),
+                "--tokenizer",
+                s(&tok),
+            ],
+            &[],
+        ))
+        .trim(),
+    )
+    .unwrap();
+    let score_bpb = scored["bpb"]
+        .as_f64()
+        .expect("score --tokenizer reports bpb");
+    assert!(
+        (score_bpb - bpb).abs() <= 1e-5 * bpb,
+        "score bpb {score_bpb} vs eval {bpb}"
     );
 
     // Buckets of 8 predicted positions: 1-8, 9-16, 17-19; their weighted mean is the loss.

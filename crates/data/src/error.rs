@@ -68,6 +68,17 @@ pub enum DataError {
         message: String,
     },
 
+    /// A multiple-choice task row that is not a question of a known layout.
+    #[error("{path}: row {row}: {message}")]
+    Task {
+        /// The task file.
+        path: PathBuf,
+        /// 1-based row (the line of a JSONL file).
+        row: usize,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+
     /// A JSONL line that is not a JSON object with the expected fields.
     #[error("{path}:{line}: {message}")]
     Jsonl {

@@ -10,6 +10,7 @@
 //! - [`batch`]: [`Batch`] and the serialisable [`Cursor`].
 //! - [`sampler`]: [`WindowSampler`] (random or epoch windows) and [`eval_batches`].
 //! - [`prefetch`]: [`Prefetcher`], batches built on a background thread.
+//! - [`tasks`]: multiple-choice benchmark files ([`McTask`]) in the common layouts.
 //! - [`chat`]: Qwen chat template, assistant-only loss mask, [`SftDataset`], [`SftSampler`].
 //!
 //! This crate depends on no other workspace crate and not on burn: batches are plain
@@ -24,6 +25,7 @@ pub mod prefetch;
 pub mod prepare;
 pub mod sampler;
 pub mod shards;
+pub mod tasks;
 pub mod template;
 pub mod tokenizer;
 
@@ -36,5 +38,6 @@ pub use prefetch::{PrefetchStats, Prefetcher};
 pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};
 pub use sampler::{WindowSampler, eval_batches};
 pub use shards::{ShardFile, ShardMeta, SourceMeta, Split, SplitMeta, TokenStore};
+pub use tasks::{Layout, McItem, McTask, read_task};
 pub use template::ChatTemplate;
 pub use tokenizer::{Tok, TrainBpeOptions, default_special_tokens, train_bpe};

@@ -76,6 +76,51 @@ fn check_chunks(path: &Path, reader: &SerializedFileReader<File>, file_len: u64)
     Ok(())
 }
 
+/// Every row of a Parquet file as a JSON object (column name to value, nested lists and
+/// structs included), with its 0-based row number: the reader of small tables such as
+/// multiple-choice tasks, held whole in memory. More than `max_rows` rows is an error.
+pub fn read_rows(
+    path: &Path,
+    max_rows: usize,
+) -> Result<Vec<(usize, serde_json::Map<String, serde_json::Value>)>> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DataError::MissingPath {
+            path: path.to_path_buf(),
+        },
+        _ => DataError::io(path, e),
+    })?;
+    let file_len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
+    let reader = guarded(path, || {
+        SerializedFileReader::new(file)
+            .map_err(|e| err(path, format!("not a readable Parquet file: {e}")))
+    })?;
+    check_chunks(path, &reader, file_len)?;
+    let declared = reader.metadata().file_metadata().num_rows();
+    if declared < 0 || declared as u64 > max_rows as u64 {
+        return Err(err(
+            path,
+            format!("the file declares {declared} rows; at most {max_rows} are read"),
+        ));
+    }
+    guarded(path, || {
+        let rows = reader
+            .get_row_iter(None)
+            .map_err(|e| err(path, e.to_string()))?;
+        let mut out = Vec::new();
+        for (i, row) in rows.enumerate() {
+            if i == max_rows {
+                return Err(err(path, format!("more than {max_rows} rows")));
+            }
+            let row = row.map_err(|e| err(path, format!("row {i}: {e}")))?;
+            match row.to_json_value() {
+                serde_json::Value::Object(map) => out.push((i, map)),
+                other => return Err(err(path, format!("row {i} is not a record: {other}"))),
+            }
+        }
+        Ok(out)
+    })
+}
+
 impl ParquetDocuments {
     /// Open `path` and check that `column` is a top-level string column; the error names the
     /// file, and lists the columns it has when `column` is not one of them.

@@ -224,6 +224,69 @@ impl Tok {
     pub fn inner(&self) -> &Tokenizer {
         &self.inner
     }
+
+    /// The UTF-8 bytes of text each id stands for, indexed by id ([`Tok::vocab_size`] entries):
+    /// the denominator of bits per byte.
+    ///
+    /// - A special added token (`<|endoftext|>`, `<|im_start|>`, ...) stands for no text: 0.
+    /// - A non-special added token is inserted as its literal content: its UTF-8 length.
+    /// - With a byte-level decoder (GPT-2, Qwen, and [`train_bpe`]'s tokenizers) every char of
+    ///   a vocabulary entry stands for exactly one byte (GPT-2's `bytes_to_unicode` alphabet),
+    ///   so the count is the entry's char count; this is exact even for tokens holding part of
+    ///   a multi-byte character, which do not decode on their own.
+    /// - Otherwise (SentencePiece-style vocabularies), a byte-fallback entry `<0xHH>` is one
+    ///   byte and any other entry counts the bytes of its decoded text.
+    ///
+    /// The document separator ([`Tok::eos_id`]) gets 0 too, even where the vocabulary has it
+    /// as a plain entry (GPT-2's `<|endoftext|>`): the data pipeline inserts it between
+    /// documents; it is no text of theirs. Ids that are no token (gaps below an added token)
+    /// get 0.
+    pub fn token_bytes(&self) -> Vec<u32> {
+        let byte_level = matches!(self.inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)));
+        let added = self.inner.get_added_tokens_decoder();
+        let mut bytes = vec![0u32; self.vocab_size];
+        for (id, slot) in bytes.iter_mut().enumerate() {
+            let id = id as u32;
+            if let Some(token) = added.get(&id) {
+                *slot = if token.special {
+                    0
+                } else {
+                    token.content.len() as u32
+                };
+                continue;
+            }
+            let Some(piece) = self.inner.id_to_token(id) else {
+                continue;
+            };
+            *slot = if byte_level && piece.chars().all(is_byte_level_char) {
+                piece.chars().count() as u32
+            } else if is_byte_fallback(&piece) {
+                1
+            } else {
+                self.inner
+                    .decode(&[id], false)
+                    .map_or(piece.len(), |text| text.len()) as u32
+            };
+        }
+        if let Some(eos) = self.eos {
+            bytes[eos as usize] = 0;
+        }
+        bytes
+    }
+}
+
+/// A char of GPT-2's byte-level alphabet (`bytes_to_unicode`): the printable Latin-1 chars
+/// stand for their own byte, and U+0100..U+0143 for the 68 other bytes, in order.
+fn is_byte_level_char(c: char) -> bool {
+    matches!(c, '!'..='~' | '\u{a1}'..='\u{ac}' | '\u{ae}'..='\u{ff}' | '\u{100}'..='\u{143}')
+}
+
+/// A SentencePiece byte-fallback piece, `<0xHH>`.
+fn is_byte_fallback(piece: &str) -> bool {
+    piece.len() == 6
+        && piece.starts_with("<0x")
+        && piece.ends_with('>')
+        && piece[3..5].chars().all(|c| c.is_ascii_hexdigit())
 }
 
 /// Options of [`train_bpe`].

@@ -2,7 +2,8 @@
 //! then encoding and decoding with what loaded), `tokenizer_config.json`
 //! ([`ChatTemplate::from_tokenizer_config`], then rendering a conversation), JSONL and text
 //! corpora, plain and gzipped ([`ingest::load`]), chat JSONL ([`SftDataset::load`]) and Parquet
-//! ([`ingest::load`], which reads row group by row group through `ParquetDocuments`).
+//! ([`ingest::load`], which reads row group by row group through `ParquetDocuments`), and
+//! multiple-choice task files, JSONL and Parquet (`read_task`).
 //!
 //! Each parser runs 10,000 cases from mutated valid seeds (see `fuzz/support.rs`) and each case
 //! checks that the parser returns (no panic, no abort), that its peak allocation stays under
@@ -567,6 +568,95 @@ fn parquet_rows() {
             PARQUET_BOUND.check("parquet", input.len(), peak)?;
             if let Err(e) = &result {
                 check_names_file(e, &path)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Multiple-choice task rows of every layout.
+const TASK_SEEDS: &[&str] = &[
+    r#"{"context": "The sky is", "choices": ["blue", "green"], "gold": 0}
+{"context": "Grass is ", "choices": ["blue", "green", "red"], "gold": "1"}"#,
+    r#"{"activity_label": "Baking", "ctx_a": "a man bakes.", "ctx_b": "he", "ctx": "x", "endings": ["eats [title] it.", "[header] sleeps."], "label": "1"}"#,
+    r#"{"id": "q", "question": "Which?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]}, "answerKey": "C"}"#,
+    r#"{"goal": "open a jar", "sol1": "twist", "sol2": "hit", "label": 0}"#,
+    r#"{"question": "2+2?", "subject": "math", "choices": ["3", "4", "5", "6"], "answer": 1}"#,
+];
+const TASK_KEYS: &[&str] = &[
+    "context",
+    "choices",
+    "gold",
+    "ctx",
+    "ctx_a",
+    "ctx_b",
+    "endings",
+    "label",
+    "activity_label",
+    "question",
+    "answerKey",
+    "text",
+    "goal",
+    "sol1",
+    "sol2",
+    "answer",
+    "subject",
+];
+
+/// Task files (`read_task`, then every question's few-shot context): JSONL of every layout,
+/// and Parquet (the ARC and HellaSwag fixtures, nested columns as HF `datasets` writes them).
+#[test]
+fn task_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let dict = dictionary(
+        TASK_SEEDS.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        TASK_KEYS,
+    );
+    let jsonl = dir.path().join("task.jsonl");
+    let tally = Tally::default();
+    let read_all = |path: &Path| {
+        qwen_burn_data::read_task(path).and_then(|task| {
+            (0..task.items.len().min(64))
+                .map(|i| task.context(i, 1.min(task.items.len() - 1), 7))
+                .collect::<Result<Vec<_>, _>>()
+        })
+    };
+    support::run(
+        "task JSONL (read_task)",
+        support::mutated(dict, support::edit().boxed()),
+        &tally,
+        |Bytes(input)| {
+            write(&jsonl, &input);
+            let (result, peak) = support::measure(&input, || read_all(&jsonl));
+            tally.add(result.is_ok(), input.len(), peak);
+            JSON_BOUND.check("task JSONL", input.len(), peak)?;
+            if let Err(e) = &result {
+                check_names_file(e, &jsonl)?;
+            }
+            Ok(())
+        },
+    );
+    let parquet = dir.path().join("task.parquet");
+    let dict = Arc::new(Dictionary {
+        seeds: vec![
+            include_bytes!("fixtures/tasks/arc.parquet").to_vec(),
+            include_bytes!("fixtures/tasks/hellaswag.parquet").to_vec(),
+        ],
+        extremes: support::JSON_EXTREMES,
+        keys: Vec::new(),
+    });
+    let tally = Tally::default();
+    support::run(
+        "task Parquet (read_task)",
+        support::mutated(dict, support::byte_edit().boxed()),
+        &tally,
+        |Bytes(input)| {
+            write(&parquet, &input);
+            let (result, peak) = support::measure(&input, || read_all(&parquet));
+            tally.add(result.is_ok(), input.len(), peak);
+            PARQUET_BOUND.check("task parquet", input.len(), peak)?;
+            if let Err(e) = &result {
+                check_names_file(e, &parquet)?;
             }
             Ok(())
         },

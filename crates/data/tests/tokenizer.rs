@@ -116,3 +116,39 @@ fn chunked_tokenisation_equals_whole_text() {
         }
     }
 }
+
+/// Bits per byte divides by the bytes each token stands for: over any text, the bytes of its
+/// tokens add up to the text's UTF-8 length, multi-byte characters split across tokens
+/// included; special tokens stand for none.
+#[test]
+fn token_bytes_add_up_to_the_text_length() {
+    let texts = [
+        "Hello world! It is a truth universally acknowledged.\n\n  Tabs\tand spaces ",
+        "café – naïve façade; 日本語のテキスト, 🙂🚀 and Ελληνικά",
+        "<think>\nreasoning\n</think>\n\nanswer",
+    ];
+    for tok in [qwen(), default_tok(), Tok::from_file(&gpt2_path()).unwrap()] {
+        let bytes = tok.token_bytes();
+        assert_eq!(bytes.len(), tok.vocab_size());
+        for text in texts {
+            let ids = tok.encode(text).unwrap();
+            let total: u64 = ids.iter().map(|&i| u64::from(bytes[i as usize])).sum();
+            assert_eq!(
+                total,
+                text.len() as u64,
+                "{}: {text:?}",
+                tok.path().display()
+            );
+        }
+        let eos = tok.eos_id().unwrap();
+        assert_eq!(bytes[eos as usize], 0, "a special token stands for no text");
+    }
+    // Qwen3's `<think>` is an added token that is not special: it is its literal text.
+    let qwen = qwen();
+    let think = qwen.token_id("<think>").unwrap();
+    assert_eq!(qwen.token_bytes()[think as usize], 7);
+    assert_eq!(
+        qwen.token_bytes()[qwen.token_id("<|im_start|>").unwrap() as usize],
+        0
+    );
+}

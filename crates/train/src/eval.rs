@@ -1,5 +1,6 @@
-//! Evaluation: the validation loss of a run, windowed perplexity of a text (`qwen-burn eval`),
-//! and the periodic samples a run prints.
+//! Evaluation: the validation loss and bits per byte of a run, windowed perplexity of a text
+//! (`qwen-burn eval --text`), and the periodic samples a run prints. Multiple-choice tasks are
+//! in [`crate::tasks`].
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{Batch, Tok};
@@ -10,16 +11,55 @@ use serde::Serialize;
 use crate::error::{Result, TrainError};
 use crate::step::{count_targets, forward_ce_sum, read_scalar};
 
-/// Validation: mean cross-entropy over the fixed validation batches.
-pub fn evaluate(model: &Qwen3ForCausalLM, batches: &[Batch], device: &Device) -> Result<f64> {
+/// A validation measurement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Validation {
+    /// Mean cross-entropy per target token, nats.
+    pub loss: f64,
+    /// Bits per byte (see [`bits_per_byte`]), when the tokenizer is known.
+    pub bpb: Option<f64>,
+}
+
+/// Bits per byte: the summed next-token loss in nats over the targets, divided by ln 2 and by
+/// the UTF-8 bytes of the targets' text, so that models with different tokenizers compare.
+/// Every target counts in the loss, a special token's too (it codes a document boundary); it
+/// adds no bytes. `None` when the targets hold no bytes.
+pub fn bits_per_byte(loss_sum: f64, bytes: u64) -> Option<f64> {
+    (bytes > 0).then(|| loss_sum / std::f64::consts::LN_2 / bytes as f64)
+}
+
+/// The UTF-8 bytes of the text of `targets` (ignored targets, `< 0`, count nothing).
+pub fn target_bytes(targets: &[i64], token_bytes: &[u32]) -> u64 {
+    targets
+        .iter()
+        .filter(|&&t| t >= 0)
+        .map(|&t| u64::from(token_bytes.get(t as usize).copied().unwrap_or(0)))
+        .sum()
+}
+
+/// Validation: mean cross-entropy over the fixed validation batches, and bits per byte when
+/// `token_bytes` (the tokenizer's [`Tok::token_bytes`]) is given.
+pub fn evaluate(
+    model: &Qwen3ForCausalLM,
+    batches: &[Batch],
+    device: &Device,
+    token_bytes: Option<&[u32]>,
+) -> Result<Validation> {
     let mut total = 0.0;
     let mut count = 0;
+    let mut bytes = 0;
     for batch in batches {
         let (ce_sum, _, _) = forward_ce_sum(model, batch, device)?;
         total += read_scalar(ce_sum)?;
         count += count_targets(batch);
+        if let Some(table) = token_bytes {
+            bytes += target_bytes(&batch.targets, table);
+        }
     }
-    Ok(total / count.max(1) as f64)
+    Ok(Validation {
+        loss: total / count.max(1) as f64,
+        bpb: token_bytes.and_then(|_| bits_per_byte(total, bytes)),
+    })
 }
 
 /// The loss of the predictions at positions `from..=to` of the window.
@@ -40,6 +80,9 @@ pub struct WindowedLoss {
     pub loss: f64,
     /// `exp(loss)`.
     pub perplexity: f64,
+    /// Bits per byte of the predicted tokens' text, when the tokenizer is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bpb: Option<f64>,
     /// Predictions scored.
     pub tokens: usize,
     /// Windows scored.
@@ -54,13 +97,16 @@ pub struct WindowedLoss {
 /// Mean next-token loss of `ids` cut into non-overlapping windows of exactly `context` tokens
 /// (the model sees positions `0..context-1`; each window scores its `context - 1`
 /// predictions), `batch_size` windows per forward. With `bucket`, also the loss by position in
-/// buckets of that many positions. `progress` gets the predictions scored so far.
+/// buckets of that many positions. With `token_bytes`, also the bits per byte. `progress` gets
+/// the predictions scored so far.
+#[allow(clippy::too_many_arguments)]
 pub fn windowed_loss(
     model: &Qwen3ForCausalLM,
     ids: &[u32],
     context: usize,
     batch_size: usize,
     bucket: Option<usize>,
+    token_bytes: Option<&[u32]>,
     device: &Device,
     mut progress: impl FnMut(usize),
 ) -> Result<WindowedLoss> {
@@ -110,10 +156,21 @@ pub fn windowed_loss(
         progress(counts.iter().sum());
     }
     let tokens: usize = counts.iter().sum();
-    let loss = sums.iter().sum::<f64>() / tokens as f64;
+    let loss_sum = sums.iter().sum::<f64>();
+    let loss = loss_sum / tokens as f64;
+    // The targets are every window's tokens after its first.
+    let bpb = token_bytes.and_then(|table| {
+        let bytes: u64 = windows
+            .iter()
+            .flat_map(|w| &w[1..])
+            .map(|&t| u64::from(table.get(t as usize).copied().unwrap_or(0)))
+            .sum();
+        bits_per_byte(loss_sum, bytes)
+    });
     Ok(WindowedLoss {
         loss,
         perplexity: loss.exp(),
+        bpb,
         tokens,
         windows: windows.len(),
         context,

@@ -186,7 +186,15 @@ pub fn unfit_for_checkpoint(
     }
     let loss = match val_loss {
         Some(l) => l,
-        None => evaluate(&valid, &val_batches[..val_batches.len().min(1)], device)?,
+        None => {
+            evaluate(
+                &valid,
+                &val_batches[..val_batches.len().min(1)],
+                device,
+                None,
+            )?
+            .loss
+        }
     };
     Ok((!loss.is_finite()).then(|| {
         (

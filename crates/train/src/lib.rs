@@ -24,6 +24,7 @@ pub mod records;
 pub mod resume;
 pub mod schedule;
 pub mod step;
+pub mod tasks;
 pub mod trainer;
 
 pub use config::RunConfig;

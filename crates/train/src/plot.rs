@@ -150,13 +150,16 @@ fn run_name(dir: &Path) -> String {
     )
 }
 
-/// Write `loss.png` and `lr.png` (and `moe_load.png` for MoE runs) for one or more runs into
-/// `out_dir`; several runs are overlaid. Returns the files written.
+/// Write `loss.png` and `lr.png` (and `bpb.png` when validation recorded bits per byte,
+/// `tasks.png` for runs with `[eval] tasks`, `moe_load.png` for MoE runs) for one or more runs
+/// into `out_dir`; several runs are overlaid. Returns the files written.
 pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create directory", out_dir, e))?;
     let mut loss = Vec::new();
     let mut lr = Vec::new();
     let mut load = Vec::new();
+    let mut bpb = Vec::new();
+    let mut tasks = Vec::new();
     for run in runs {
         let records = read_records(&run.join("metrics.jsonl"))?;
         let name = run_name(run);
@@ -180,12 +183,50 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
             name: name.clone(),
             points: metric_points(&records, false, "lr"),
         });
+        let val_bpb = metric_points(&records, true, "bpb");
+        if !val_bpb.is_empty() {
+            bpb.push(Series {
+                name: format!("{prefix}val"),
+                points: val_bpb,
+            });
+        }
+        // Multiple-choice tasks: acc and acc_norm per task, and the chance level.
+        let mut names: Vec<&str> = Vec::new();
+        for r in &records {
+            if let MetricsRecord::Task(t) = r
+                && !names.contains(&t.task.as_str())
+            {
+                names.push(&t.task);
+            }
+        }
+        for task in names {
+            let of_task = || {
+                records.iter().filter_map(move |r| match r {
+                    MetricsRecord::Task(t) if t.task == task => Some(t),
+                    _ => None,
+                })
+            };
+            tasks.push(Series {
+                name: format!("{prefix}{task} acc"),
+                points: of_task().map(|t| (t.step as f64, t.acc)).collect(),
+            });
+            tasks.push(Series {
+                name: format!("{prefix}{task} acc_norm"),
+                points: of_task().map(|t| (t.step as f64, t.acc_norm)).collect(),
+            });
+            if runs.len() == 1 {
+                tasks.push(Series {
+                    name: format!("{task} chance"),
+                    points: of_task().map(|t| (t.step as f64, t.chance)).collect(),
+                });
+            }
+        }
         // Per-layer max/mean expert load of MoE runs.
         let moe: Vec<(f64, &Vec<RouterStats>)> = records
             .iter()
             .filter_map(|r| match r {
                 MetricsRecord::Train(t) => Some((t.step as f64, t.moe.as_ref()?)),
-                MetricsRecord::Val(_) => None,
+                _ => None,
             })
             .collect();
         let layers = moe.first().map_or(0, |(_, layers)| layers.len());
@@ -207,6 +248,30 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     let path = out_dir.join("lr.png");
     line_chart(&path, "learning rate", "step", "lr", &lr, false)?;
     written.push(path);
+    if !bpb.is_empty() {
+        let path = out_dir.join("bpb.png");
+        line_chart(
+            &path,
+            "validation bits per byte",
+            "step",
+            "bits per byte",
+            &bpb,
+            false,
+        )?;
+        written.push(path);
+    }
+    if !tasks.is_empty() {
+        let path = out_dir.join("tasks.png");
+        line_chart(
+            &path,
+            "multiple-choice tasks",
+            "step",
+            "accuracy",
+            &tasks,
+            false,
+        )?;
+        written.push(path);
+    }
     if !load.is_empty() {
         let path = out_dir.join("moe_load.png");
         line_chart(

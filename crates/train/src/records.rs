@@ -67,6 +67,48 @@ pub struct ValRecord {
     /// `exp(loss)`.
     #[serde(deserialize_with = "nan_if_null")]
     pub perplexity: f64,
+    /// Bits per byte of the validation targets (absent in runs from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpb: Option<f64>,
+}
+
+/// A multiple-choice task's score (`[eval] tasks`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Optimizer steps completed.
+    pub step: usize,
+    /// The task's name (its file stem).
+    pub task: String,
+    /// Questions scored.
+    pub questions: usize,
+    /// Accuracy.
+    pub acc: f64,
+    /// Its standard error.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub acc_stderr: f64,
+    /// Accuracy by log-likelihood per byte.
+    pub acc_norm: f64,
+    /// Its standard error.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub acc_norm_stderr: f64,
+    /// Accuracy of a uniform guess.
+    pub chance: f64,
+}
+
+impl TaskRecord {
+    /// The record of `result` at `step`.
+    pub fn new(step: usize, result: &crate::tasks::TaskResult) -> Self {
+        Self {
+            step,
+            task: result.task.clone(),
+            questions: result.questions,
+            acc: result.acc,
+            acc_stderr: result.acc_stderr,
+            acc_norm: result.acc_norm,
+            acc_norm_stderr: result.acc_norm_stderr,
+            chance: result.chance,
+        }
+    }
 }
 
 /// One line of `metrics.jsonl`, told apart by its `split` field.
@@ -77,6 +119,8 @@ pub enum MetricsRecord {
     Train(TrainRecord),
     /// `"split": "val"`.
     Val(ValRecord),
+    /// `"split": "task"`.
+    Task(TaskRecord),
 }
 
 impl MetricsRecord {
@@ -85,11 +129,12 @@ impl MetricsRecord {
         match self {
             MetricsRecord::Train(r) => r.step,
             MetricsRecord::Val(r) => r.step,
+            MetricsRecord::Task(r) => r.step,
         }
     }
 
     /// A plotted field by name (`loss`, `lr`, `grad_norm`, `tokens_per_sec`, `mfu`, `aux_loss`,
-    /// `z_loss`, `perplexity`), if this record has it.
+    /// `z_loss`, `perplexity`, `bpb`; a task's `acc`, `acc_norm`), if this record has it.
     pub fn field(&self, name: &str) -> Option<f64> {
         match (self, name) {
             (MetricsRecord::Train(r), "loss") => Some(r.loss),
@@ -101,6 +146,9 @@ impl MetricsRecord {
             (MetricsRecord::Train(r), "z_loss") => r.z_loss,
             (MetricsRecord::Val(r), "loss") => Some(r.loss),
             (MetricsRecord::Val(r), "perplexity") => Some(r.perplexity),
+            (MetricsRecord::Val(r), "bpb") => r.bpb,
+            (MetricsRecord::Task(r), "acc") => Some(r.acc),
+            (MetricsRecord::Task(r), "acc_norm") => Some(r.acc_norm),
             _ => None,
         }
     }

@@ -32,12 +32,14 @@ use crate::optim::trainable_params;
 use crate::optim::{apply_update, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
 use crate::peak::{PeakFigure, cache_path, peak_or_measure};
-use crate::records::{MetricsRecord, SampleRecord, TrainRecord, ValRecord};
+use crate::records::{MetricsRecord, SampleRecord, TaskRecord, TrainRecord, ValRecord};
 use crate::resume::{copy_generation_config, model_config_of, start_run};
 use crate::schedule::learning_rate;
 pub use crate::step::{
     StepStats, batch_tensors, count_targets, forward_backward, forward_backward_part,
 };
+use crate::tasks::{TaskOptions, evaluate_task};
+use qwen_burn_data::McTask;
 
 /// How to launch a run (what the CLI flags say).
 #[derive(Debug, Clone)]
@@ -127,6 +129,15 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         .map_err(|e| TrainError::io("write", run_dir.join("run.toml"), e))?;
     model.config.save(run_dir)?;
 
+    // Bad task files fail here, before the first step, not at the first evaluation.
+    let tasks = config
+        .eval
+        .tasks
+        .iter()
+        .map(|p| qwen_burn_data::read_task(p))
+        .collect::<qwen_burn_data::Result<Vec<_>>>()?;
+    let token_bytes = data.tokenizer().map_or_else(Vec::new, |t| t.token_bytes());
+
     let keep_until = resume_from.as_ref().map(|_| state.step);
     let metrics = MetricsLog::open(run_dir, "metrics.jsonl", keep_until)?;
     let samples = MetricsLog::open(run_dir, "samples.jsonl", keep_until)?;
@@ -139,6 +150,8 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         run_toml,
         metrics,
         samples,
+        token_bytes,
+        tasks,
         data: &mut data,
     }
     .run(model, optimizer, state)?;
@@ -155,6 +168,10 @@ struct Loop<'a> {
     metrics: MetricsLog,
     samples: MetricsLog,
     data: &'a mut DataPipeline,
+    /// Bytes of text per token id, for bits per byte.
+    token_bytes: Vec<u32>,
+    /// The `[eval]` tasks, read before training starts.
+    tasks: Vec<McTask>,
 }
 
 impl Loop<'_> {
@@ -214,21 +231,10 @@ impl Loop<'_> {
 
         if state.step == 0 && t.eval_interval > 0 {
             // The starting point of the validation curve.
-            let val_loss = evaluate(
-                &model.valid(),
-                self.data.val_batches(),
-                &self.device.clone().without_autodiff(),
-            )?;
-            self.metrics.write(&MetricsRecord::Val(ValRecord {
-                step: 0,
-                loss: val_loss,
-                perplexity: val_loss.exp(),
-            }))?;
-            progress.line(&format!(
-                "step {:>6} | val loss {val_loss:.4} | val ppl {:.2}",
-                0,
-                val_loss.exp()
-            ));
+            self.validate(&model, 0, &progress)?;
+        }
+        if state.step == 0 && !self.tasks.is_empty() {
+            self.score_tasks(&model, 0, &progress)?;
         }
         while state.step < max_steps {
             let step = state.step; // 0-based index of the step being taken
@@ -354,22 +360,16 @@ impl Loop<'_> {
             // Evaluation, samples and checkpoints do not count against training throughput.
             let side_work = Instant::now();
             if (t.eval_interval > 0 && s.is_multiple_of(t.eval_interval)) || last {
-                let valid = model.valid();
-                let val_loss = evaluate(
-                    &valid,
-                    self.data.val_batches(),
-                    &self.device.clone().without_autodiff(),
-                )?;
-                state.val_loss = Some(val_loss);
-                self.metrics.write(&MetricsRecord::Val(ValRecord {
-                    step: s,
-                    loss: val_loss,
-                    perplexity: val_loss.exp(),
-                }))?;
-                progress.line(&format!(
-                    "step {s:>6} | val loss {val_loss:.4} | val ppl {:.2}",
-                    val_loss.exp()
-                ));
+                state.val_loss = Some(self.validate(&model, s, &progress)?);
+            }
+            let task_interval = match cfg.eval.interval {
+                0 => t.eval_interval,
+                n => n,
+            };
+            if !self.tasks.is_empty()
+                && ((task_interval > 0 && s.is_multiple_of(task_interval)) || last)
+            {
+                self.score_tasks(&model, s, &progress)?;
             }
             if t.sample_interval > 0 && (s.is_multiple_of(t.sample_interval) || last) {
                 self.sample(&model, s, &progress)?;
@@ -417,6 +417,66 @@ impl Loop<'_> {
             tokens_per_sec: tokens_this_process as f64 / elapsed.max(1e-9),
             checkpoint: last_checkpoint,
         })
+    }
+
+    /// Validation loss and bits per byte at `step`, written to `metrics.jsonl` and printed.
+    fn validate(
+        &mut self,
+        model: &Qwen3ForCausalLM,
+        step: usize,
+        progress: &Progress,
+    ) -> Result<f64> {
+        let v = evaluate(
+            &model.valid(),
+            self.data.val_batches(),
+            &self.device.clone().without_autodiff(),
+            Some(&self.token_bytes),
+        )?;
+        self.metrics.write(&MetricsRecord::Val(ValRecord {
+            step,
+            loss: v.loss,
+            perplexity: v.loss.exp(),
+            bpb: v.bpb,
+        }))?;
+        let bpb = v
+            .bpb
+            .map_or(String::new(), |b| format!(" | val bpb {b:.4}"));
+        progress.line(&format!(
+            "step {step:>6} | val loss {:.4} | val ppl {:.2}{bpb}",
+            v.loss,
+            v.loss.exp()
+        ));
+        Ok(v.loss)
+    }
+
+    /// The `[eval]` tasks at `step`, written to `metrics.jsonl` and printed.
+    fn score_tasks(
+        &mut self,
+        model: &Qwen3ForCausalLM,
+        step: usize,
+        progress: &Progress,
+    ) -> Result<()> {
+        let e = &self.config.eval;
+        let opts = TaskOptions {
+            shots: e.shots,
+            limit: (e.limit > 0).then_some(e.limit),
+            seed: e.seed,
+        };
+        let valid = model.valid();
+        let device = self.device.clone().without_autodiff();
+        let Some(tok) = self.data.tokenizer() else {
+            return Ok(());
+        };
+        for task in &self.tasks {
+            let (r, _) = evaluate_task(&valid, tok, task, &opts, &device, |_| {})?;
+            progress.line(&format!(
+                "step {step:>6} | {} acc {:.3} ± {:.3} | acc_norm {:.3} ± {:.3} ({} questions, chance {:.3})",
+                r.task, r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr, r.questions, r.chance
+            ));
+            self.metrics
+                .write(&MetricsRecord::Task(TaskRecord::new(step, &r)))?;
+        }
+        Ok(())
     }
 
     fn sample(&mut self, model: &Qwen3ForCausalLM, step: usize, progress: &Progress) -> Result<()> {

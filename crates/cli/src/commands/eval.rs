@@ -1,10 +1,12 @@
-//! `qwen-burn eval`: perplexity of a text in windows of exactly `--context` tokens.
+//! `qwen-burn eval`: perplexity and bits per byte of a text in windows of exactly `--context`
+//! tokens (`--text`), or a multiple-choice task scored by log-likelihood (`--task`).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use qwen_burn_train::eval::windowed_loss;
+use qwen_burn_train::tasks::{TaskOptions, evaluate_task};
 
 use super::{ModelArgs, find_tokenizer};
 
@@ -12,9 +14,30 @@ use super::{ModelArgs, find_tokenizer};
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Text file to measure perplexity on (.gz read transparently).
+    /// Text file to measure perplexity and bits per byte on (.gz read transparently).
+    #[arg(long, required_unless_present = "task", conflicts_with = "task")]
+    pub text: Option<PathBuf>,
+    /// Multiple-choice task file (JSONL or .parquet; HellaSwag, ARC, PIQA, MMLU or plain
+    /// `context`/`choices`/`gold` rows) to score by log-likelihood: prints acc and acc_norm.
     #[arg(long)]
-    pub text: PathBuf,
+    pub task: Option<PathBuf>,
+    /// With --task: few-shot examples before each question, drawn from the task's other
+    /// questions.
+    #[arg(long, default_value_t = 0, requires = "task")]
+    pub shots: usize,
+    /// With --task: score only the first N questions.
+    #[arg(long, requires = "task")]
+    pub limit: Option<usize>,
+    /// With --task: seed of the few-shot draw.
+    #[arg(long, default_value_t = 1234, requires = "task")]
+    pub seed: u64,
+    /// With --task: print the metrics as one JSON object (default: a line of text).
+    #[arg(long, requires = "task")]
+    pub json: bool,
+    /// With --task: write each question's tokens, log-likelihoods and prediction to this JSONL
+    /// file.
+    #[arg(long, requires = "task")]
+    pub records: Option<PathBuf>,
     /// tokenizer.json (default: next to the model).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -25,11 +48,11 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub batch_size: usize,
     /// Score at most the first N tokens of the text.
-    #[arg(long)]
+    #[arg(long, requires = "text")]
     pub max_tokens: Option<usize>,
     /// Also report the loss by position inside the window, in buckets of N positions
     /// (`loss_by_position`): shows how a model does beyond the context it was trained at.
-    #[arg(long)]
+    #[arg(long, requires = "text")]
     pub bucket: Option<usize>,
 }
 
@@ -37,8 +60,15 @@ pub fn run(args: Args) -> Result<()> {
     let (model, device) = args.model.load()?;
     let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
-    let text = qwen_burn_data::ingest::read_text_file(&args.text)
-        .with_context(|| format!("reading {}", args.text.display()))?;
+    if let Some(task) = &args.task {
+        return run_task(&args, task, &model, &tok, &device);
+    }
+    let path = args
+        .text
+        .as_ref()
+        .context("give --text FILE or --task FILE")?;
+    let text = qwen_burn_data::ingest::read_text_file(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     // A tokenizer with more tokens than the model has embeddings would index past them.
     let (tok_vocab, model_vocab) = (tok.vocab_size(), model.config.vocab_size);
     if tok_vocab > model_vocab {
@@ -62,6 +92,7 @@ pub fn run(args: Args) -> Result<()> {
         context,
         args.batch_size,
         args.bucket,
+        Some(&tok.token_bytes()),
         &device,
         |scored| {
             if show {
@@ -69,11 +100,74 @@ pub fn run(args: Args) -> Result<()> {
             }
         },
     )
-    .with_context(|| format!("evaluating {}", args.text.display()))?;
+    .with_context(|| format!("evaluating {}", path.display()))?;
     if show {
         eprintln!();
     }
     super::require_finite(&model, result.loss, "loss")?;
     println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+fn run_task(
+    args: &Args,
+    path: &std::path::Path,
+    model: &qwen_burn_model::Qwen3ForCausalLM,
+    tok: &qwen_burn_data::Tok,
+    device: &burn::tensor::Device,
+) -> Result<()> {
+    let task = qwen_burn_data::read_task(path)?;
+    let opts = TaskOptions {
+        shots: args.shots,
+        limit: args.limit,
+        seed: args.seed,
+    };
+    let show = std::io::stderr().is_terminal();
+    let total = args
+        .limit
+        .map_or(task.items.len(), |l| l.min(task.items.len()));
+    let (result, scores) = evaluate_task(model, tok, &task, &opts, device, |done| {
+        if show {
+            eprint!("\reval: {done}/{total} questions");
+        }
+    })
+    .with_context(|| format!("evaluating {}", path.display()))?;
+    if show {
+        eprintln!();
+    }
+    if let Some(out) = &args.records {
+        let mut file = std::io::BufWriter::new(
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+        );
+        for s in &scores {
+            serde_json::to_writer(&mut file, s)?;
+            writeln!(file)?;
+        }
+        file.flush()
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!(
+            "{} ({}, {} questions, {}-shot): acc {:.4} ± {:.4} | acc_norm {:.4} ± {:.4} | chance {:.4} | {:.1} s",
+            result.task,
+            result.layout,
+            result.questions,
+            result.shots,
+            result.acc,
+            result.acc_stderr,
+            result.acc_norm,
+            result.acc_norm_stderr,
+            result.chance,
+            result.seconds
+        );
+        if result.truncated_questions > 0 {
+            println!(
+                "note: {} questions had their context cut on the left to fit max_position_embeddings",
+                result.truncated_questions
+            );
+        }
+    }
     Ok(())
 }

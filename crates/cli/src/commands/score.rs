@@ -21,6 +21,10 @@ pub struct Args {
     /// Also print the logits (flat, row-major `[b, t, vocab]`) under `logits`.
     #[arg(long)]
     pub dump_logits: bool,
+    /// tokenizer.json (default: next to the model, if there is one): with a tokenizer the
+    /// output has `bpb`, the bits per byte of the target tokens' text.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Read `{"input_ids": [[...]]}` and check it against the vocabulary.
@@ -137,7 +141,22 @@ pub fn score_rows(
 pub fn run(args: Args) -> Result<()> {
     let (model, device) = args.model.load()?;
     let (ids, b, t) = read_token_rows(&args.tokens, model.config.vocab_size)?;
-    let result = score_rows(&model, ids, b, t, &device, args.dump_logits)?;
+    let tok = super::find_tokenizer(&args.model.model, args.tokenizer.as_deref())?;
+    // The targets are every row's tokens after its first.
+    let target_bytes = tok.as_ref().map(|tok| {
+        let targets: Vec<i64> = ids
+            .chunks_exact(t)
+            .flat_map(|row| row[1..].iter().copied())
+            .collect();
+        qwen_burn_train::eval::target_bytes(&targets, &tok.token_bytes())
+    });
+    let mut result = score_rows(&model, ids, b, t, &device, args.dump_logits)?;
+    if let (Some(bytes), Some(lm_loss)) = (target_bytes, result["lm_loss"].as_f64()) {
+        let sum = lm_loss * (b * (t - 1)) as f64;
+        if let Some(bpb) = qwen_burn_train::eval::bits_per_byte(sum, bytes) {
+            result["bpb"] = json!(bpb);
+        }
+    }
     super::require_finite(&model, result["loss"].as_f64().unwrap_or(f64::NAN), "loss")?;
     println!("{result}");
     Ok(())

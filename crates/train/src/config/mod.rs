@@ -1,5 +1,6 @@
 //! The run configuration: one TOML file with `[model] [data] [optimizer] [schedule] [training]
-//! [checkpoint] [logging]` (and `[lora]` for LoRA fine-tuning).
+//! [checkpoint] [logging]` (and `[lora]` for LoRA fine-tuning, `[eval]` for multiple-choice
+//! tasks scored during training).
 //!
 //! Every section is strict: an unknown key or a bad value is an error naming `section.key`.
 //! `--set section.key=value` overrides go through the same parse-and-validate path. Relative
@@ -45,6 +46,8 @@ pub struct RunConfig {
     pub logging: LoggingConfig,
     /// `[lora]`.
     pub lora: Option<LoraConfig>,
+    /// `[eval]`.
+    pub eval: EvalConfig,
     /// The full TOML after overrides (what checkpoints store as `run.toml`).
     pub table: toml::Table,
     /// Settings that were adjusted, for the trainer to print (e.g. a warmup clipped to a
@@ -65,6 +68,7 @@ const SECTIONS: &[&str] = &[
     "checkpoint",
     "logging",
     "lora",
+    "eval",
 ];
 
 /// Deserialise one section (absent: its defaults), naming `section.key` in every error.
@@ -258,6 +262,7 @@ impl RunConfig {
             training: section(&table, "training", &["batch_size", "seq_len", "max_steps"])?,
             checkpoint: section(&table, "checkpoint", &[])?,
             logging: section(&table, "logging", &[])?,
+            eval: section(&table, "eval", &[])?,
             lora: match table.get("lora") {
                 None => None,
                 Some(_) => Some(section(&table, "lora", &["rank", "alpha", "targets"])?),

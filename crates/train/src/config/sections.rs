@@ -245,6 +245,36 @@ impl Default for CheckpointConfig {
     }
 }
 
+/// `[eval]`: multiple-choice tasks scored during training (`qwen-burn eval --task` on the
+/// run's model). Their metrics go into `metrics.jsonl` as `"split": "task"` records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Task files (JSONL or Parquet in a layout `qwen-burn eval --task` reads).
+    pub tasks: Vec<PathBuf>,
+    /// Score the tasks every N steps (and at step 0 and the last step); 0: with validation,
+    /// every `training.eval_interval` steps.
+    pub interval: usize,
+    /// Score at most the first N questions of each task (0: all).
+    pub limit: usize,
+    /// Few-shot examples before each question.
+    pub shots: usize,
+    /// Seed of the few-shot draw.
+    pub seed: u64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            tasks: Vec::new(),
+            interval: 0,
+            limit: 0,
+            shots: 0,
+            seed: 1234,
+        }
+    }
+}
+
 /// `[logging]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
