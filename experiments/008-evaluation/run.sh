@@ -21,3 +21,10 @@ python3 "$D/summarize.py" "$OUT/seed1337" "$OUT/seed7" > "$D/results.md"
 for r in 1 2; do cat datasets/tasks/austen_cloze.jsonl datasets/tasks/austen_cloze.jsonl; done \
   > "$OUT/cloze1136.jsonl"
 $QB eval --model "$OUT/seed1337" --task "$OUT/cloze1136.jsonl"
+# Batched prompts (the default, 32 questions a forward) against one question at a time.
+if command -v farm-bench >/dev/null; then
+  QBIN=${QBIN:-target/release/qwen-burn}
+  farm-bench -n 4 --timeout 300 \
+    --vs "$QBIN eval --model $OUT/seed1337 --task $OUT/cloze1136.jsonl --batch-questions 1" \
+    -- $QBIN eval --model "$OUT/seed1337" --task "$OUT/cloze1136.jsonl"
+fi

@@ -10,14 +10,15 @@
 //! the same for ASCII). Ties go to the first choice, as `numpy.argmax` does. Standard errors
 //! are the harness's: the sample standard deviation over questions divided by `sqrt(n)`.
 //!
-//! The context is computed once per question: one forward fills a KV cache, the cache is
-//! repeated for the choices, and one batched forward scores every choice's tokens after the
-//! first (the first is predicted by the context's last position). A context too long for
+//! The context is computed once per question: one forward fills a KV cache with the contexts of
+//! up to `TaskOptions::batch` questions (32 by default; padded on the left), each question's rows of the cache are repeated for
+//! its choices, and one batched forward scores every choice's tokens after the first (the first
+//! is predicted by the context's last position). A context too long for
 //! `max_position_embeddings` together with the longest continuation loses its oldest tokens,
 //! as the harness's left truncation does.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use qwen_burn_data::{McTask, Tok};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::loss::token_nll;
@@ -34,6 +35,8 @@ pub struct TaskOptions {
     pub limit: Option<usize>,
     /// Seed of the few-shot draw.
     pub seed: u64,
+    /// Questions whose contexts run in one forward, at most ([`DEFAULT_BATCH`]).
+    pub batch: usize,
 }
 
 /// The tokens of one question: the context once, then each choice's continuation.
@@ -85,6 +88,11 @@ pub fn encode_question(tok: &Tok, context: &str, choices: &[String]) -> Result<E
     })
 }
 
+/// Logits one batched forward may hold, `[choices, tokens, vocab]` floats: 256 MiB.
+const MAX_LOGITS: usize = 1 << 26;
+/// Questions scored together by default.
+pub const DEFAULT_BATCH: usize = 32;
+
 /// The log-likelihood of each continuation after `context_ids`, and how many context tokens were
 /// dropped from the left to fit `max_position_embeddings`.
 pub fn choice_logliks(
@@ -93,10 +101,21 @@ pub fn choice_logliks(
     continuation_ids: &[Vec<u32>],
     device: &Device,
 ) -> Result<(Vec<f64>, usize)> {
+    let mut out = group_logliks(model, &[(context_ids, continuation_ids)], device)?;
+    Ok(out.remove(0))
+}
+
+/// A question's context kept after left truncation: the newest tokens that fit with its
+/// longest continuation.
+fn fitted<'a>(
+    model: &Qwen3ForCausalLM,
+    context_ids: &'a [u32],
+    continuation_ids: &[Vec<u32>],
+) -> Result<&'a [u32]> {
     let vocab = model.config.vocab_size;
     let max_len = model.config.max_position_embeddings;
     let longest = continuation_ids.iter().map(Vec::len).max().unwrap_or(0);
-    if continuation_ids.iter().any(Vec::is_empty) {
+    if continuation_ids.is_empty() || continuation_ids.iter().any(Vec::is_empty) {
         return Err(TrainError::Other(
             "a choice encodes to no tokens after its context".into(),
         ));
@@ -116,56 +135,123 @@ pub fn choice_logliks(
              model's max_position_embeddings {max_len}"
         )));
     }
-    // Left truncation: keep the newest context tokens that fit with the longest continuation.
     let keep = context_ids.len().min(max_len - longest);
-    let dropped = context_ids.len() - keep;
-    let context_ids = &context_ids[dropped..];
+    Ok(&context_ids[context_ids.len() - keep..])
+}
 
-    // 1. The context once, into the cache; its last position predicts each choice's first
-    //    token.
+/// [`choice_logliks`] of several questions in two forwards: their contexts together (padded on
+/// the left, so that every context ends at the last position and its choices follow it
+/// directly) into one KV cache, then every choice of every question over its question's rows of
+/// that cache. RoPE depends only on the distance between positions, so the padding changes a
+/// score by float rounding only. The caller keeps the longest context plus the longest choice of
+/// the group within `max_position_embeddings`.
+fn group_logliks(
+    model: &Qwen3ForCausalLM,
+    questions: &[(&[u32], &[Vec<u32>])],
+    device: &Device,
+) -> Result<Vec<(Vec<f64>, usize)>> {
+    let vocab = model.config.vocab_size;
+    let contexts = questions
+        .iter()
+        .map(|(c, k)| fitted(model, c, k))
+        .collect::<Result<Vec<_>>>()?;
+    let g = questions.len();
+    let width = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
+    let pads: Vec<usize> = contexts.iter().map(|c| width - c.len()).collect();
+    let padded = pads.iter().any(|&p| p > 0);
+
+    // 1. The contexts once, into the cache; each one's last position predicts its choices'
+    //    first tokens.
     let mut cache = model.new_cache();
-    let c = context_ids.len();
-    let input = Tensor::<2, Int>::from_data(
-        TensorData::new(context_ids.iter().map(|&i| i64::from(i)).collect(), [1, c]),
-        device,
-    );
-    let (hidden, _) = model.forward_hidden(input, None, Some(&mut cache));
-    let last = model.lm_head(hidden.narrow(1, c - 1, 1));
-    let first = log_softmax(last.reshape([1, vocab]), 1)
+    let mut ids = vec![0i64; g * width];
+    let mut real = vec![true; g * width];
+    for (q, c) in contexts.iter().enumerate() {
+        for (i, &id) in c.iter().enumerate() {
+            ids[q * width + pads[q] + i] = i64::from(id);
+        }
+        real[q * width..q * width + pads[q]].fill(false);
+    }
+    let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [g, width]), device);
+    let mask =
+        padded.then(|| Tensor::<2, Bool>::from_data(TensorData::new(real, [g, width]), device));
+    let (hidden, _) = model.forward_hidden(input, mask, Some(&mut cache));
+    let last = model.lm_head(hidden.narrow(1, width - 1, 1));
+    let first = log_softmax(last.reshape([g, vocab]), 1)
         .try_into_vec_as::<f32>()
         .map_err(|e| TrainError::Device(format!("reading log-probabilities: {e:?}")))?;
-    let mut logliks: Vec<f64> = continuation_ids
+    let mut out: Vec<(Vec<f64>, usize)> = questions
         .iter()
-        .map(|ids| f64::from(first[ids[0] as usize]))
+        .zip(&contexts)
+        .enumerate()
+        .map(|(q, ((c, k), kept))| {
+            let logliks = k
+                .iter()
+                .map(|ids| f64::from(first[q * vocab + ids[0] as usize]))
+                .collect();
+            (logliks, c.len() - kept.len())
+        })
         .collect();
 
-    // 2. The rest of every choice in one batch over the repeated cache. Rows are padded on the
-    //    right: causal attention keeps the padding out of every real position.
-    let (n, width) = (continuation_ids.len(), longest - 1);
-    if width > 0 {
-        for layer in &mut cache.layers {
-            layer.keys = layer.keys.take().map(|k| k.repeat_dim(0, n));
-            layer.values = layer.values.take().map(|v| v.repeat_dim(0, n));
-        }
-        let mut inputs = vec![0i64; n * width];
-        let mut targets = vec![qwen_burn_data::IGNORE_INDEX; n * width];
-        for (j, ids) in continuation_ids.iter().enumerate() {
-            for i in 0..ids.len() - 1 {
-                inputs[j * width + i] = i64::from(ids[i]);
-                targets[j * width + i] = i64::from(ids[i + 1]);
-            }
-        }
-        let input = Tensor::<2, Int>::from_data(TensorData::new(inputs, [n, width]), device);
-        let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [n, width]), device);
-        let logits = model.forward(input, None, Some(&mut cache)).logits;
-        let nll = token_nll(logits, targets)
-            .try_into_vec_as::<f32>()
-            .map_err(|e| TrainError::Device(format!("reading log-probabilities: {e:?}")))?;
-        for (j, row) in nll.chunks_exact(width).enumerate() {
-            logliks[j] -= row.iter().map(|&x| f64::from(x)).sum::<f64>();
+    // 2. The rest of every choice in one batch over its question's cache rows. Choices are
+    //    padded on the right: causal attention keeps that padding out of every real position.
+    let owner: Vec<usize> = questions
+        .iter()
+        .enumerate()
+        .flat_map(|(q, (_, k))| std::iter::repeat_n(q, k.len()))
+        .collect();
+    let choices: Vec<&Vec<u32>> = questions.iter().flat_map(|(_, k)| k.iter()).collect();
+    let n = choices.len();
+    let rest = choices.iter().map(|c| c.len()).max().unwrap_or(1) - 1;
+    if rest == 0 {
+        return Ok(out);
+    }
+    let rows = Tensor::<1, Int>::from_data(
+        TensorData::new(owner.iter().map(|&q| q as i64).collect::<Vec<_>>(), [n]),
+        device,
+    );
+    // Each layer's filled keys and values, row-selected into buffers of exactly the positions
+    // this pass fills (the cache's own growth would round up to 256 positions a row).
+    for layer in &mut cache.layers {
+        let (k, v) = layer
+            .views()
+            .ok_or_else(|| TrainError::Other("the KV cache is empty after the context".into()))?;
+        let room = |x: Tensor<4>| {
+            let x = x.select(0, rows.clone());
+            let [b, h, _, d] = x.dims();
+            Tensor::cat(vec![x, Tensor::zeros([b, h, rest, d], device)], 2)
+        };
+        layer.keys = Some(room(k));
+        layer.values = Some(room(v));
+    }
+    let mut inputs = vec![0i64; n * rest];
+    let mut targets = vec![qwen_burn_data::IGNORE_INDEX; n * rest];
+    for (j, ids) in choices.iter().enumerate() {
+        for i in 0..ids.len() - 1 {
+            inputs[j * rest + i] = i64::from(ids[i]);
+            targets[j * rest + i] = i64::from(ids[i + 1]);
         }
     }
-    Ok((logliks, dropped))
+    let mask = padded.then(|| {
+        let s = width + rest;
+        let mut real = vec![true; n * s];
+        for (j, &q) in owner.iter().enumerate() {
+            real[j * s..j * s + pads[q]].fill(false);
+        }
+        Tensor::<2, Bool>::from_data(TensorData::new(real, [n, s]), device)
+    });
+    let input = Tensor::<2, Int>::from_data(TensorData::new(inputs, [n, rest]), device);
+    let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [n, rest]), device);
+    let logits = model.forward(input, mask, Some(&mut cache)).logits;
+    let nll = token_nll(logits, targets)
+        .try_into_vec_as::<f32>()
+        .map_err(|e| TrainError::Device(format!("reading log-probabilities: {e:?}")))?;
+    let mut rows = nll.chunks_exact(rest);
+    for (logliks, _) in &mut out {
+        for (l, row) in logliks.iter_mut().zip(rows.by_ref()) {
+            *l -= row.iter().map(|&x| f64::from(x)).sum::<f64>();
+        }
+    }
+    Ok(out)
 }
 
 /// One question's scores (the per-question records of `eval --task --records`).
@@ -296,36 +382,68 @@ pub fn evaluate_task(
         .limit
         .map_or(task.items.len(), |l| l.min(task.items.len()));
     let mut scores = Vec::with_capacity(n);
-    for index in 0..n {
-        let item = &task.items[index];
-        let context = task.context(index, opts.shots, opts.seed)?;
-        let encoded = encode_question(tok, &context, &item.choices)?;
-        let (loglik, truncated) = choice_logliks(
-            model,
-            &encoded.context_ids,
-            &encoded.continuation_ids,
-            device,
-        )
-        .map_err(|e| {
+    let (max_len, vocab) = (
+        model.config.max_position_embeddings,
+        model.config.vocab_size,
+    );
+    let mut index = 0;
+    while index < n {
+        // A group: as many of the next questions as keep the padded contexts plus the longest
+        // choice within the model's positions, and the choices' logits within MAX_LOGITS.
+        let mut group: Vec<(usize, EncodedQuestion)> = Vec::new();
+        let (mut width, mut longest, mut choices) = (0, 0, 0);
+        while index < n && group.len() < opts.batch.max(1) {
+            let item = &task.items[index];
+            let context = task.context(index, opts.shots, opts.seed)?;
+            let encoded = encode_question(tok, &context, &item.choices)?;
+            let own_longest = encoded.continuation_ids.iter().map(Vec::len).max();
+            let own_longest = own_longest.unwrap_or(0);
+            let own_width = fitted(model, &encoded.context_ids, &encoded.continuation_ids)
+                .map_err(|e| {
+                    TrainError::Other(format!(
+                        "{}: question {}: {e}",
+                        task.path.display(),
+                        index + 1
+                    ))
+                })?
+                .len();
+            let w = width.max(own_width);
+            let l = longest.max(own_longest);
+            let c = choices + encoded.continuation_ids.len();
+            if !group.is_empty() && (w + l > max_len || c * l * vocab > MAX_LOGITS) {
+                break;
+            }
+            (width, longest, choices) = (w, l, c);
+            group.push((index, encoded));
+            index += 1;
+        }
+        let questions: Vec<(&[u32], &[Vec<u32>])> = group
+            .iter()
+            .map(|(_, e)| (e.context_ids.as_slice(), e.continuation_ids.as_slice()))
+            .collect();
+        let results = group_logliks(model, &questions, device).map_err(|e| {
+            let (first, last) = (group[0].0 + 1, group[group.len() - 1].0 + 1);
             TrainError::Other(format!(
-                "{}: question {}: {e}",
-                task.path.display(),
-                index + 1
+                "{}: questions {first}-{last}: {e}",
+                task.path.display()
             ))
         })?;
-        let choice_bytes: Vec<usize> = item.choices.iter().map(String::len).collect();
-        let (pred, pred_norm) = predictions(&loglik, &choice_bytes);
-        scores.push(QuestionScore {
-            index,
-            encoded,
-            loglik,
-            choice_bytes,
-            gold: item.gold,
-            pred,
-            pred_norm,
-            truncated,
-        });
-        progress(index + 1);
+        for ((q, encoded), (loglik, truncated)) in group.into_iter().zip(results) {
+            let item = &task.items[q];
+            let choice_bytes: Vec<usize> = item.choices.iter().map(String::len).collect();
+            let (pred, pred_norm) = predictions(&loglik, &choice_bytes);
+            scores.push(QuestionScore {
+                index: q,
+                encoded,
+                loglik,
+                choice_bytes,
+                gold: item.gold,
+                pred,
+                pred_norm,
+                truncated,
+            });
+        }
+        progress(index);
     }
     if let Some(bad) = scores
         .iter()

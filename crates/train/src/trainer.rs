@@ -461,6 +461,7 @@ impl Loop<'_> {
             shots: e.shots,
             limit: (e.limit > 0).then_some(e.limit),
             seed: e.seed,
+            batch: crate::tasks::DEFAULT_BATCH,
         };
         let valid = model.valid();
         let device = self.device.clone().without_autodiff();

@@ -52,6 +52,7 @@ fn check(model_name: &str, device: &Device) {
             shots: 0,
             limit: None,
             seed: 1234,
+            batch: 2,
         };
         let (result, scores) = evaluate_task(&model, &tok, &task, &opts, device, |_| {}).unwrap();
         let questions = want["questions"].as_array().unwrap();

@@ -31,6 +31,10 @@ pub struct Args {
     /// With --task: seed of the few-shot draw.
     #[arg(long, default_value_t = 1234, requires = "task")]
     pub seed: u64,
+    /// With --task: questions whose prompts run in one forward pass (their choices in a second);
+    /// lower it to use less memory.
+    #[arg(long, default_value_t = qwen_burn_train::tasks::DEFAULT_BATCH, requires = "task")]
+    pub batch_questions: usize,
     /// With --task: print the metrics as one JSON object (default: a line of text).
     #[arg(long, requires = "task")]
     pub json: bool,
@@ -121,6 +125,7 @@ fn run_task(
         shots: args.shots,
         limit: args.limit,
         seed: args.seed,
+        batch: args.batch_questions,
     };
     let show = std::io::stderr().is_terminal();
     let total = args
