@@ -149,6 +149,8 @@ const PATHS: &[&str] = &[
     "schedule.warmup_steps",
     "schedule.min_lr",
     "schedule.decay",
+    "schedule.decay_fraction",
+    "schedule.decay_shape",
     "training.seed",
     "training.batch_size",
     "training.seq_len",

@@ -379,6 +379,25 @@ impl RunConfig {
             ));
         }
         let s = &self.schedule;
+        if !(s.decay_fraction > 0.0 && s.decay_fraction <= 1.0) {
+            return Err(TrainError::config(
+                "schedule.decay_fraction",
+                format!("must be in (0, 1], found {}", s.decay_fraction),
+            ));
+        }
+        if s.decay != Decay::Wsd
+            && let Some(key) = ["decay_fraction", "decay_shape"].into_iter().find(|k| {
+                self.table
+                    .get("schedule")
+                    .and_then(|t| t.as_table())
+                    .is_some_and(|t| t.contains_key(*k))
+            })
+        {
+            return Err(TrainError::config(
+                format!("schedule.{key}"),
+                "is only read with schedule.decay = \"wsd\"; remove it",
+            ));
+        }
         if s.min_lr > o.lr {
             return Err(TrainError::config(
                 "schedule.min_lr",

@@ -119,18 +119,52 @@ pub enum Decay {
     Linear,
     /// The peak throughout (after warmup).
     Constant,
+    /// Warmup-stable-decay ("trapezoidal"): the peak until the last `decay_fraction` of the
+    /// run, then `decay_shape` down to `min_lr`, reached at the last step.
+    Wsd,
 }
 
-/// `[schedule]`: linear warmup, then cosine (or linear, or constant) decay to `min_lr`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `schedule.decay_shape`: the shape of a WSD run's final decay.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayShape {
+    /// A straight line.
+    #[default]
+    Linear,
+    /// Half a cosine.
+    Cosine,
+    /// `1 - sqrt(progress)` (MiniCPM / "Scaling Laws and Compute-Optimal Training Beyond
+    /// Fixed Training Durations"): fast at first, flat at the end.
+    Sqrt,
+}
+
+/// `[schedule]`: linear warmup, then cosine (or linear, or constant, or warmup-stable-decay)
+/// decay to `min_lr`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScheduleConfig {
     /// Warmup steps (lr rises linearly from lr/warmup to lr); clipped to a shorter run.
     pub warmup_steps: usize,
-    /// Final learning rate.
+    /// Final learning rate (0 allowed).
     pub min_lr: f64,
     /// Decay after the warmup.
     pub decay: Decay,
+    /// `decay = "wsd"`: the share of the run's steps spent decaying, at its end, in (0, 1].
+    pub decay_fraction: f64,
+    /// `decay = "wsd"`: the shape of that decay.
+    pub decay_shape: DecayShape,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        Self {
+            warmup_steps: 0,
+            min_lr: 0.0,
+            decay: Decay::Cosine,
+            decay_fraction: 0.2,
+            decay_shape: DecayShape::Linear,
+        }
+    }
 }
 
 /// `training.on_nonfinite`.

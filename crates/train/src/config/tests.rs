@@ -223,3 +223,24 @@ fn hf_bookkeeping_keys_are_refused_in_a_run_config() {
         );
     }
 }
+
+#[test]
+fn wsd_keys_are_checked_and_only_read_with_wsd() {
+    let e = load(&["schedule.decay=\"wsd\"", "schedule.decay_fraction=0"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("schedule.decay_fraction") && e.contains("(0, 1]"),
+        "{e}"
+    );
+    let e = load(&["schedule.decay_shape=\"sqrt\""])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("schedule.decay_shape") && e.contains("only read with"),
+        "{e}"
+    );
+    let c = load(&["schedule.decay=\"wsd\"", "schedule.decay_shape=\"sqrt\""]).unwrap();
+    assert_eq!(c.schedule.decay_shape, DecayShape::Sqrt);
+    assert_eq!(c.schedule.decay_fraction, 0.2);
+}
