@@ -57,6 +57,65 @@ fn moe_resume_is_bit_exact() {
     exact_resume(true, &[]);
 }
 
+#[test]
+fn dense_resume_with_muon_is_bit_exact() {
+    exact_resume(false, &["--set", "optimizer.kind=muon"]);
+}
+
+#[test]
+fn moe_resume_with_muon_is_bit_exact() {
+    exact_resume(true, &["--set", "optimizer.kind=muon"]);
+}
+
+/// Muon trains differently from AdamW (the hidden matrices are routed to it), and a run cannot
+/// switch optimizer on resume.
+#[test]
+fn muon_changes_the_run_and_resume_refuses_another_optimizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 3, 3, "");
+    let (adamw, muon) = (tmp.path().join("adamw"), tmp.path().join("muon"));
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&adamw)],
+        &[],
+    ));
+    let set = [
+        "--set",
+        "optimizer.kind=muon",
+        "--set",
+        "optimizer.muon.lr=0.05",
+    ];
+    let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&muon)];
+    args.extend(set);
+    ok(&qwen_burn(&args, &[]));
+    let (a, m) = (train_losses(&adamw), train_losses(&muon));
+    assert_eq!(
+        a[0], m[0],
+        "the same first step loss: the same weights and batch"
+    );
+    assert!(
+        a[1].1 != m[1].1,
+        "after one update the optimizers differ: {a:?} vs {m:?}"
+    );
+    // Resuming the AdamW run (done at step 3) with more steps under Muon is refused.
+    let mut args = vec![
+        "train",
+        "--config",
+        s(&config),
+        "--run-dir",
+        s(&adamw),
+        "--resume",
+    ];
+    args.extend(["--max-steps", "6"]);
+    args.extend(set);
+    let out = qwen_burn(&args, &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot change optimizer.kind from \"adamw\"") && err.contains("\"muon\""),
+        "{err}"
+    );
+}
+
 /// The README's main job trains with two replicas on the CPU (`--device flex,flex`).
 #[test]
 fn resume_with_two_replicas_is_bit_exact() {

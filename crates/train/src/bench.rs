@@ -65,7 +65,8 @@ fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-/// Time `steps` full training steps (forward, backward, clipping, AdamW) after `warmup` ones.
+/// Time `steps` full training steps (forward, backward, clipping, the optimizer update) after
+/// `warmup` ones; the update is also timed alone (`optimizer_ms_median`, `optimizer_share`).
 /// `devices` may list several (`flex,flex`, `cuda:0,cuda:1`): the step's `grad_accum`
 /// micro-batches are then split over data-parallel replicas, as in training.
 ///
@@ -90,6 +91,7 @@ pub fn bench_train(
     let mut optimizer = build_optimizer(&model, &config.optimizer);
     let mut rng = ChaCha8Rng::seed_from_u64(t.seed);
     let mut times = Vec::with_capacity(steps.min(1 << 16));
+    let mut update_times = Vec::with_capacity(steps.min(1 << 16));
     let mut losses = Vec::new();
     for i in 0..warmup + steps {
         let batches: Vec<Batch> = (0..t.grad_accum)
@@ -97,23 +99,28 @@ pub fn bench_train(
             .collect();
         let start = Instant::now();
         let current = model;
-        let (next, loss) = in_pool(|| -> Result<_> {
+        let (next, loss, update_secs) = in_pool(|| -> Result<_> {
             let (mut grads, stats) = replicas.step(&current, &batches)?;
             clip_global_norm(&current, &mut grads, config.optimizer.grad_clip)?;
             let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
+            // The optimizer's share: from gradients in hand to updated weights.
+            device.sync().ok();
+            let update_start = Instant::now();
             let model = apply_update(current, &mut optimizer, lr, grads, &stats);
             device.sync().ok();
-            Ok((model, stats.loss))
+            Ok((model, stats.loss, update_start.elapsed().as_secs_f64()))
         })?;
         model = next;
         let secs = start.elapsed().as_secs_f64();
         if i >= warmup {
             times.push(secs);
+            update_times.push(update_secs);
             losses.push(loss);
         }
     }
     let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;
     let step_median = median(&mut times.clone());
+    let update_median = median(&mut update_times.clone());
     let tps = tokens / step_median;
     let (peak, peak_source) = bench_peak(devices, &config.logging.peak_tflops)?;
     let flops = match &config.lora {
@@ -134,6 +141,9 @@ pub fn bench_train(
         "step_ms_median": step_median * 1e3,
         "step_ms_min": times.iter().copied().fold(f64::MAX, f64::min) * 1e3,
         "step_ms": times.iter().map(|t| (t * 1e4).round() / 10.0).collect::<Vec<_>>(),
+        "optimizer": config.optimizer.kind.as_str(),
+        "optimizer_ms_median": update_median * 1e3,
+        "optimizer_share": update_median / step_median,
         "tokens_per_sec": tps,
         "train_flops_per_token": flops,
         "achieved_tflops": tps * flops / 1e12,

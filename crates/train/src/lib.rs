@@ -16,6 +16,7 @@ pub mod hooks;
 pub mod lock;
 pub mod memory;
 pub mod metrics;
+pub mod muon;
 pub mod optim;
 pub mod parallel;
 pub mod peak;

@@ -11,8 +11,9 @@ use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::kernels::{AdamWStep, adamw_update};
 
-use crate::config::OptimizerConfig;
+use crate::config::{OptimizerConfig, OptimizerKind};
 use crate::error::{Result, TrainError};
+use crate::muon::{TorchLayoutMuon, muon_param_ids};
 use crate::step::StepStats;
 
 /// Collects the ids of parameters by rank.
@@ -45,7 +46,8 @@ pub fn trainable_params<M: Module>(model: &M) -> usize {
 }
 
 /// Build AdamW: decoupled weight decay on matrices (linear and embedding weights), none on
-/// vectors (RMSNorm gains, biases, routing biases). Burn's defaults (eps 1e-5, weight decay
+/// vectors (RMSNorm gains, biases, routing biases). With `kind = "muon"`, the hidden matrices
+/// ([`muon_param_ids`]) train with Muon instead. Burn's defaults (eps 1e-5, weight decay
 /// 1e-4) are never used: every value comes from the config. Clipping is done separately
 /// ([`clip_global_norm`]) because Burn's `GradientClipping::Norm` clips each tensor alone.
 pub fn build_optimizer<M: Module>(model: &M, cfg: &OptimizerConfig) -> ModuleOptimizer {
@@ -54,11 +56,20 @@ pub fn build_optimizer<M: Module>(model: &M, cfg: &OptimizerConfig) -> ModuleOpt
         vectors: Vec::new(),
     };
     model.visit(&mut ids);
-    ModuleOptimizer::from(adamw(cfg.weight_decay)).with_group(
+    let optimizer = ModuleOptimizer::from(adamw(cfg.weight_decay)).with_group(
         ParamGroup::from_ids(ids.vectors),
         adamw(0.0),
         None,
-    )
+    );
+    match cfg.kind {
+        OptimizerKind::AdamW => optimizer,
+        // The last group a parameter matches wins: the hidden matrices go to Muon.
+        OptimizerKind::Muon => optimizer.with_group(
+            ParamGroup::from_ids(muon_param_ids(model)),
+            TorchLayoutMuon::new(cfg),
+            None,
+        ),
+    }
 }
 
 /// AdamW whose per-parameter update is one fused in-place pass on Flex
@@ -310,6 +321,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            ..OptimizerConfig::default()
         };
         for weight_decay in [0.1, 0.0] {
             let fused = FusedAdamW::new(&cfg, weight_decay);

@@ -206,6 +206,20 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
         });
     }
     let saved_run = read_run_toml(dir)?;
+    if let Ok(saved) = RunConfig::from_table(saved_run.clone())
+        && saved.optimizer.kind != config.optimizer.kind
+    {
+        return Err(TrainError::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "--resume cannot change optimizer.kind from \"{}\" (the checkpoint's) to \"{}\": \
+                 the optimizer state it holds is the other optimizer's; start a new run \
+                 directory to change it",
+                saved.optimizer.kind.as_str(),
+                config.optimizer.kind.as_str()
+            ),
+        });
+    }
     let fixed = cursor_changes(&saved_run, config);
     if !fixed.is_empty() {
         return Err(TrainError::Checkpoint {

@@ -27,6 +27,7 @@ fn losses(device: Device, moe: bool) -> Vec<f64> {
         eps: 1e-8,
         weight_decay: 0.1,
         grad_clip: 1.0,
+        ..OptimizerConfig::default()
     };
     let mut optimizer = build_optimizer(&model, &opt);
     let mut out = Vec::new();

@@ -378,6 +378,43 @@ impl RunConfig {
                 format!("must be a finite number > 0, found {}", o.eps),
             ));
         }
+        let m = &o.muon;
+        if o.kind == OptimizerKind::Muon {
+            if !(m.lr.is_finite() && m.lr > 0.0) {
+                return Err(TrainError::config(
+                    "optimizer.muon.lr",
+                    format!("must be > 0, found {}", m.lr),
+                ));
+            }
+            if !(m.weight_decay.is_finite() && m.weight_decay >= 0.0) {
+                return Err(TrainError::config(
+                    "optimizer.muon.weight_decay",
+                    format!("must be a finite number >= 0, found {}", m.weight_decay),
+                ));
+            }
+            if !(0.0..1.0).contains(&m.momentum) {
+                return Err(TrainError::config(
+                    "optimizer.muon.momentum",
+                    format!("must be in [0, 1), found {}", m.momentum),
+                ));
+            }
+            if !(1..100).contains(&m.ns_steps) {
+                return Err(TrainError::config(
+                    "optimizer.muon.ns_steps",
+                    format!("must be in 1..=99, found {}", m.ns_steps),
+                ));
+            }
+        } else if self
+            .table
+            .get("optimizer")
+            .and_then(|t| t.as_table())
+            .is_some_and(|t| t.contains_key("muon"))
+        {
+            return Err(TrainError::config(
+                "optimizer.muon",
+                "is only read with optimizer.kind = \"muon\"; remove it",
+            ));
+        }
         let s = &self.schedule;
         if !(s.decay_fraction > 0.0 && s.decay_fraction <= 1.0) {
             return Err(TrainError::config(

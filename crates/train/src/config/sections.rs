@@ -93,6 +93,11 @@ pub struct OptimizerConfig {
     pub weight_decay: f64,
     /// Clip the global gradient L2 norm to this value (`torch.nn.utils.clip_grad_norm_`); 0 = off.
     pub grad_clip: f64,
+    /// `"adamw"` for every parameter, or `"muon"` for the hidden matrices (AdamW, with the
+    /// settings above, for the rest).
+    pub kind: OptimizerKind,
+    /// `[optimizer.muon]`: the Muon group's settings (`kind = "muon"` only).
+    pub muon: MuonSettings,
 }
 
 impl Default for OptimizerConfig {
@@ -104,6 +109,72 @@ impl Default for OptimizerConfig {
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            kind: OptimizerKind::AdamW,
+            muon: MuonSettings::default(),
+        }
+    }
+}
+
+/// `optimizer.kind`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// AdamW everywhere.
+    #[default]
+    AdamW,
+    /// Muon on the 2-D hidden matrices (attention and MLP projections, each MoE expert's own,
+    /// LoRA adapters of those), AdamW on embeddings, the LM head, norms, routers and vectors.
+    Muon,
+}
+
+impl OptimizerKind {
+    /// The name as written in configs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Muon => "muon",
+        }
+    }
+}
+
+/// `optimizer.muon.adjust_lr`: how a matrix's shape scales the Muon learning rate, as
+/// `torch.optim.Muon`'s `adjust_lr_fn` means it, for a weight of `out` outputs and `in` inputs.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AdjustLr {
+    /// Keller Jordan's `sqrt(max(1, out / in))`.
+    #[default]
+    Original,
+    /// Moonlight's `0.2 * sqrt(max(out, in))`: an update RMS like AdamW's, so AdamW's learning
+    /// rate and weight decay carry over.
+    MatchRmsAdamw,
+}
+
+/// `[optimizer.muon]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MuonSettings {
+    /// Peak learning rate of the Muon group (the schedule scales it as it scales
+    /// `optimizer.lr`).
+    pub lr: f64,
+    /// Decoupled weight decay of the Muon group (`w *= 1 - lr * weight_decay`).
+    pub weight_decay: f64,
+    /// Momentum (Nesterov).
+    pub momentum: f64,
+    /// Newton-Schulz iterations (quintic, coefficients 3.4445, -4.7750, 2.0315).
+    pub ns_steps: usize,
+    /// The learning-rate scale by shape.
+    pub adjust_lr: AdjustLr,
+}
+
+impl Default for MuonSettings {
+    fn default() -> Self {
+        Self {
+            lr: 0.02,
+            weight_decay: 0.0,
+            momentum: 0.95,
+            ns_steps: 5,
+            adjust_lr: AdjustLr::Original,
         }
     }
 }

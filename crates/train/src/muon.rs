@@ -1,0 +1,120 @@
+//! Muon (momentum orthogonalised by Newton–Schulz iterations) for the hidden matrices, and the
+//! rule that decides which parameters it trains.
+//!
+//! The update is Burn's `Muon` (Nesterov momentum, the quintic Newton–Schulz iteration with
+//! Keller Jordan's coefficients in f32, decoupled weight decay at the unscaled learning rate),
+//! stepped in PyTorch's layout: Burn stores a `Linear` weight as `[d_in, d_out]`, PyTorch as
+//! `[out, in]`. The orthogonalised update is the same matrix either way (transposing commutes
+//! with the iteration), but the learning-rate scale by shape is not: Keller Jordan's
+//! `sqrt(max(1, out / in))` read on `[d_in, d_out]` would scale the transposed shapes. So each
+//! step transposes the weight, its gradient (and, kept that way, its momentum) to `[out, in]`
+//! and back. Burn's momentum is PyTorch's times `1 / (1 - momentum)` at every step, a factor
+//! the normalisation before the iteration removes. `crates/train/tests/muon.rs` checks one and
+//! three steps against `torch.optim.Muon`.
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdjustLrFn, Muon, MuonConfig, MuonState, Optimizer};
+use burn::tensor::{Device, Tensor};
+
+use crate::config::{AdjustLr, OptimizerConfig};
+
+/// Muon on `[d_in, d_out]` weights, meaning what `torch.optim.Muon` means on `[out, in]`, with
+/// its own peak learning rate: the step's learning rate (scheduled from `optimizer.lr`) is
+/// scaled by `optimizer.muon.lr / optimizer.lr`.
+#[derive(Clone)]
+pub struct TorchLayoutMuon {
+    inner: Muon,
+    lr_scale: f64,
+}
+
+impl TorchLayoutMuon {
+    /// The Muon group of a run's optimizer settings.
+    pub fn new(cfg: &OptimizerConfig) -> Self {
+        let m = &cfg.muon;
+        let inner = MuonConfig::new()
+            .with_momentum(MomentumConfig {
+                momentum: m.momentum,
+                dampening: 0.0,
+                nesterov: true,
+            })
+            .with_ns_steps(m.ns_steps)
+            .with_weight_decay(
+                (m.weight_decay > 0.0).then(|| WeightDecayConfig::new(m.weight_decay as f32)),
+            )
+            .with_adjust_lr_fn(match m.adjust_lr {
+                AdjustLr::Original => AdjustLrFn::Original,
+                AdjustLr::MatchRmsAdamw => AdjustLrFn::MatchRmsAdamW,
+            })
+            .build();
+        Self {
+            inner,
+            lr_scale: m.lr / cfg.lr,
+        }
+    }
+}
+
+impl Optimizer for TorchLayoutMuon {
+    type State<const D: usize> = MuonState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: f64,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        // Only 2-D weights are routed here ([`muon_param_ids`]).
+        let (tensor, state) = self.inner.step(
+            lr * self.lr_scale,
+            tensor.transpose(),
+            grad.transpose(),
+            state,
+        );
+        (tensor.transpose(), state)
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        Muon::to_device(state, device)
+    }
+}
+
+/// The parameters Muon trains: every 2-D weight of the decoder layers' attention and MLP
+/// projections (each MoE expert's own, LoRA adapters of those included), but not the token
+/// embedding, the LM head or an MoE router (`mlp.gate`), which AdamW trains with the norms,
+/// biases and routing biases.
+pub fn muon_param_ids<M: Module>(model: &M) -> Vec<ParamId> {
+    /// The module path as it is walked, and the ids found.
+    struct Hidden {
+        path: Vec<String>,
+        ids: Vec<ParamId>,
+    }
+    impl ModuleVisitor for Hidden {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if D == 2 && is_hidden_matrix(&self.path) {
+                self.ids.push(param.id);
+            }
+        }
+    }
+    let mut hidden = Hidden {
+        path: Vec::new(),
+        ids: Vec::new(),
+    };
+    model.visit(&mut hidden);
+    hidden.ids
+}
+
+/// Whether a 2-D parameter at `path` is a hidden matrix (see [`muon_param_ids`]).
+pub fn is_hidden_matrix(path: &[String]) -> bool {
+    let has = |name: &str| path.iter().any(|p| p == name);
+    // An MoE layer's router is the module `gate` (`model.layers.N.mlp.gate`, under the
+    // feed-forward enum's variant); the MLPs' own projections are `gate_proj`.
+    has("layers") && !has("gate") && !has("embed_tokens") && !has("lm_head")
+}
