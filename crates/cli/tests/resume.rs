@@ -327,3 +327,84 @@ fn sigkill_between_checkpoints_resumes_exactly_and_the_run_dir_has_one_writer() 
         "samples truncated and re-generated identically"
     );
 }
+
+/// `--from-checkpoint` branches a new run from a stable-phase checkpoint of a WSD run with a
+/// shorter horizon: it equals its parent bit for bit until its own decay starts, then cools
+/// down; its directory records where it branched, and a used run directory is refused.
+#[test]
+fn a_branch_equals_its_parent_until_its_own_decay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 10, 3, "");
+    let (parent, branch) = (tmp.path().join("parent"), tmp.path().join("branch"));
+    // 10 steps, decay over the last 2 (0-based steps 8 and 9); checkpoints at 6, 9, 10 kept.
+    let wsd = [
+        "--set",
+        "schedule.decay=wsd",
+        "--set",
+        "schedule.decay_fraction=0.2",
+    ];
+    let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&parent)];
+    args.extend(wsd);
+    ok(&qwen_burn(&args, &[]));
+    // The branch: from step 6 to 8 steps in all, so its decay is at 0-based steps 6 and 7.
+    let from = parent.join("checkpoints/step-00000006");
+    let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&branch)];
+    args.extend(wsd);
+    args.extend(["--from-checkpoint", s(&from), "--max-steps", "8"]);
+    ok(&qwen_burn(&args, &[]));
+
+    let records = |run: &std::path::Path| -> Vec<(u64, f64, f64)> {
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["split"] == "train")
+            .map(|v| {
+                let f = |k: &str| v[k].as_f64().unwrap();
+                (v["step"].as_u64().unwrap(), f("loss"), f("lr"))
+            })
+            .collect()
+    };
+    let (p, b) = (records(&parent), records(&branch));
+    assert_eq!(
+        b.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (1..=8).collect::<Vec<_>>()
+    );
+    // Steps 1-6 share learning rates (warmup, then the peak), so the branch repeats its parent
+    // exactly; step 7 is the branch's first decay step: same loss (it is computed before the
+    // update), lower learning rate; from step 8 on the weights differ.
+    for i in 0..7 {
+        assert_eq!(
+            p[i].1.to_bits(),
+            b[i].1.to_bits(),
+            "step {}: loss {p:?} vs {b:?}",
+            i + 1
+        );
+    }
+    for i in 0..6 {
+        assert_eq!(p[i].2, b[i].2, "step {}: lr", i + 1);
+    }
+    assert!(b[6].2 < p[6].2, "the branch decays from step 7: {b:?}");
+    assert!(b[7].1 != p[7].1, "different weights after step 7");
+    let origin: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(branch.join("branch.json")).unwrap())
+            .unwrap();
+    assert_eq!(origin["step"], 6);
+    assert!(
+        origin["parent_checkpoint"]
+            .as_str()
+            .unwrap()
+            .ends_with("step-00000006")
+    );
+
+    // Branching into a directory that has checkpoints is refused.
+    let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&branch)];
+    args.extend(["--from-checkpoint", s(&from)]);
+    let out = qwen_burn(&args, &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("already has checkpoints"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -290,6 +290,63 @@ pub fn copy_generation_config(config: &RunConfig, run_dir: &Path) -> Result<()> 
     Ok(())
 }
 
+/// Start `run_dir` as a branch of another run: copy the checkpoint `from` (after checking its
+/// hashes) into `run_dir/checkpoints/`, and the parent run's `metrics.jsonl` and
+/// `samples.jsonl` (the resume that follows cuts them at the branch step), and record the
+/// origin in `run_dir/branch.json`. The run then resumes from that checkpoint with its own
+/// config: a shorter `max_steps` under a WSD schedule cools the parent down from there.
+pub fn branch_from(from: &Path, run_dir: &Path) -> Result<usize> {
+    if latest_checkpoint(run_dir).is_some() {
+        return Err(TrainError::Checkpoint {
+            path: run_dir.to_path_buf(),
+            reason: "--from-checkpoint starts a new run, but this run directory already has \
+                     checkpoints; choose another --run-dir"
+                .into(),
+        });
+    }
+    let state = load_state(from)?;
+    crate::checkpoint::verify_checkpoint(from, &state)?;
+    let name = from
+        .file_name()
+        .ok_or_else(|| TrainError::Checkpoint {
+            path: from.to_path_buf(),
+            reason: "expected a checkpoint directory (RUN/checkpoints/step-N)".into(),
+        })?
+        .to_owned();
+    let dest_parent = run_dir.join("checkpoints");
+    let tmp = dest_parent.join(format!("{}.tmp", name.to_string_lossy()));
+    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io("create directory", &tmp, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| TrainError::io("read", from, e))? {
+        let entry = entry.map_err(|e| TrainError::io("read", from, e))?;
+        if entry.path().is_file() {
+            let dest = tmp.join(entry.file_name());
+            std::fs::copy(entry.path(), &dest)
+                .map_err(|e| TrainError::io("copy", entry.path(), e))?;
+        }
+    }
+    let dest = dest_parent.join(&name);
+    std::fs::rename(&tmp, &dest).map_err(|e| TrainError::io("rename", &tmp, e))?;
+    let parent_run = from.parent().and_then(Path::parent);
+    if let Some(parent) = parent_run {
+        for file in ["metrics.jsonl", "samples.jsonl"] {
+            let src = parent.join(file);
+            if src.is_file() {
+                std::fs::copy(&src, run_dir.join(file))
+                    .map_err(|e| TrainError::io("copy", &src, e))?;
+            }
+        }
+    }
+    let record = serde_json::json!({
+        "parent_checkpoint": std::fs::canonicalize(from).unwrap_or_else(|_| from.to_path_buf()),
+        "parent_run": parent_run.map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())),
+        "step": state.step,
+    });
+    let path = run_dir.join("branch.json");
+    std::fs::write(&path, format!("{record:#}\n"))
+        .map_err(|e| TrainError::io("write", &path, e))?;
+    Ok(state.step)
+}
+
 /// Where a run starts: its model, optimizer, training state, and the checkpoint it resumed from.
 pub struct Start {
     /// The model (LoRA adapters attached when configured).

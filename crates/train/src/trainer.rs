@@ -50,6 +50,9 @@ pub struct RunOptions {
     pub run_dir: PathBuf,
     /// Continue from the newest good checkpoint in `run_dir`.
     pub resume: bool,
+    /// Start `run_dir` from this checkpoint of another run (its weights, optimizer state and
+    /// data cursor), with this run's config: see [`crate::resume::branch_from`].
+    pub from_checkpoint: Option<PathBuf>,
 }
 
 /// Summary of a finished run.
@@ -109,8 +112,17 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         );
     }
 
-    // 1. Model, optimizer and state: fresh, or from the newest good checkpoint.
-    let start = start_run(config, run_dir, opts.resume, &model_config, &device)?;
+    // 1. Model, optimizer and state: fresh, or from the newest good checkpoint (a branch's is
+    //    its parent's, copied in first).
+    let resume = match &opts.from_checkpoint {
+        Some(from) => {
+            let step = crate::resume::branch_from(from, run_dir)?;
+            eprintln!("branching from {} at step {step}", from.display());
+            true
+        }
+        None => opts.resume,
+    };
+    let start = start_run(config, run_dir, resume, &model_config, &device)?;
     let (model, optimizer, state, resume_from) = (
         start.model,
         start.optimizer,

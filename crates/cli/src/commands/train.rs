@@ -22,8 +22,14 @@ pub struct Args {
     #[arg(long)]
     pub max_steps: Option<usize>,
     /// Continue from the newest good checkpoint in the run directory.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_checkpoint")]
     pub resume: bool,
+    /// Start a new run directory from a checkpoint of another run (RUN/checkpoints/step-N):
+    /// its weights, optimizer state and data cursor, with this config (e.g. a shorter
+    /// --max-steps to cool a WSD run down from a stable-phase checkpoint). The origin is
+    /// recorded in RUN_DIR/branch.json.
+    #[arg(long, value_name = "DIR")]
+    pub from_checkpoint: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -40,6 +46,7 @@ pub fn run(args: Args) -> Result<()> {
         device: args.device,
         run_dir: run_dir.clone(),
         resume: args.resume,
+        from_checkpoint: args.from_checkpoint,
     };
     let summary = qwen_burn_train::train(&config, &opts)?;
     println!(
