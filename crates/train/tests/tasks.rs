@@ -2,7 +2,7 @@
 //! and MoE) and a task file per layout, the prompts, the split of context and continuation into
 //! tokens (lm-evaluation-harness's `_encode_pair`), every choice's log-likelihood (within 1e-4)
 //! and acc / acc_norm with their standard errors equal what
-//! `tests/fixtures/tasks/make_task_fixtures.py` computed with transformers, on the Flex device
+//! `tests/fixtures/mc/make_mc_fixtures.py` computed with transformers, on the Flex device
 //! (fused kernels, KV-cached context) and on NdArray (composed ops).
 #![allow(deprecated)] // Device::ndarray: burn-ndarray is deprecated upstream but still supported.
 
@@ -18,7 +18,7 @@ use serde_json::Value;
 const LOGLIK_TOL: f64 = 1e-4;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tasks")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mc")
 }
 
 fn model(name: &str, device: &Device) -> Qwen3ForCausalLM {
