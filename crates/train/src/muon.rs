@@ -14,35 +14,54 @@
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::decay::WeightDecayConfig;
-use burn::optim::momentum::MomentumConfig;
+use burn::optim::momentum::{Momentum, MomentumConfig};
 use burn::optim::{AdjustLrFn, Muon, MuonConfig, MuonState, Optimizer};
 use burn::tensor::{Device, Tensor};
+use qwen_burn_model::kernels::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
 
 use crate::config::{AdjustLr, OptimizerConfig};
 
 /// Muon on `[d_in, d_out]` weights, meaning what `torch.optim.Muon` means on `[out, in]`, with
 /// its own peak learning rate: the step's learning rate (scheduled from `optimizer.lr`) is
 /// scaled by `optimizer.muon.lr / optimizer.lr`.
+///
+/// On Flex (f32, fused kernels on) the step is Burn's `Muon` step with its Newton–Schulz
+/// iteration replaced by the fused kernel ([`newton_schulz`]): the same momentum (Burn's, so the
+/// state and checkpoints are the same either way), learning-rate scale, weight decay and update.
+/// Elsewhere it is Burn's `Muon` itself.
 #[derive(Clone)]
 pub struct TorchLayoutMuon {
     inner: Muon,
     lr_scale: f64,
+    momentum: Momentum,
+    ns: NewtonSchulz,
+    adjust_lr: AdjustLr,
+    /// Burn's weight-decay penalty (f32, as `WeightDecayConfig` keeps it).
+    weight_decay: Option<f32>,
 }
+
+/// Burn's `MuonConfig` defaults, which `torch.optim.Muon` shares: Keller Jordan's quintic
+/// coefficients and the norm's floor.
+const NS_COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.775, 2.0315);
+const NS_EPSILON: f32 = 1e-7;
 
 impl TorchLayoutMuon {
     /// The Muon group of a run's optimizer settings.
     pub fn new(cfg: &OptimizerConfig) -> Self {
         let m = &cfg.muon;
+        let momentum = MomentumConfig {
+            momentum: m.momentum,
+            dampening: 0.0,
+            nesterov: true,
+        };
+        let weight_decay =
+            (m.weight_decay > 0.0).then(|| WeightDecayConfig::new(m.weight_decay as f32));
         let inner = MuonConfig::new()
-            .with_momentum(MomentumConfig {
-                momentum: m.momentum,
-                dampening: 0.0,
-                nesterov: true,
-            })
+            .with_momentum(momentum.clone())
+            .with_ns_coefficients(NS_COEFFICIENTS)
+            .with_epsilon(NS_EPSILON)
             .with_ns_steps(m.ns_steps)
-            .with_weight_decay(
-                (m.weight_decay > 0.0).then(|| WeightDecayConfig::new(m.weight_decay as f32)),
-            )
+            .with_weight_decay(weight_decay.clone())
             .with_adjust_lr_fn(match m.adjust_lr {
                 AdjustLr::Original => AdjustLrFn::Original,
                 AdjustLr::MatchRmsAdamw => AdjustLrFn::MatchRmsAdamW,
@@ -51,6 +70,24 @@ impl TorchLayoutMuon {
         Self {
             inner,
             lr_scale: m.lr / cfg.lr,
+            momentum: Momentum::new(&momentum),
+            ns: NewtonSchulz {
+                coefficients: NS_COEFFICIENTS,
+                steps: m.ns_steps,
+                epsilon: NS_EPSILON,
+            },
+            adjust_lr: m.adjust_lr,
+            weight_decay: weight_decay.map(|w| w.penalty),
+        }
+    }
+
+    /// The learning-rate scale by shape of an `[out, in]` weight, as Burn's `AdjustLrFn` (and
+    /// `torch.optim.Muon`'s `adjust_lr_fn`) computes it.
+    fn shape_scale(&self, out: usize, inp: usize) -> f64 {
+        let (a, b) = (out as f64, inp as f64);
+        match self.adjust_lr {
+            AdjustLr::Original => (a / b).max(1.0).sqrt(),
+            AdjustLr::MatchRmsAdamw => 0.2 * a.max(b).sqrt(),
         }
     }
 }
@@ -65,14 +102,24 @@ impl Optimizer for TorchLayoutMuon {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
-        // Only 2-D weights are routed here ([`muon_param_ids`]).
-        let (tensor, state) = self.inner.step(
-            lr * self.lr_scale,
-            tensor.transpose(),
-            grad.transpose(),
-            state,
-        );
-        (tensor.transpose(), state)
+        let lr = lr * self.lr_scale;
+        // Only 2-D weights are routed here ([`muon_param_ids`]); `[out, in]` from here on.
+        let (tensor, grad) = (tensor.transpose(), grad.transpose());
+        if D != 2 || !fused_newton_schulz_applies(&grad) {
+            let (tensor, state) = self.inner.step(lr, tensor, grad, state);
+            return (tensor.transpose(), state);
+        }
+        // Burn's `Muon::step` with the fused iteration.
+        let (update, momentum) = self.momentum.transform(grad, state.map(|s| s.momentum));
+        let dims = update.dims();
+        let (out, inp) = (dims[0], dims[1]);
+        let update: Tensor<D> = newton_schulz(update.reshape([out, inp]), self.ns).reshape(dims);
+        let tensor = match self.weight_decay {
+            Some(penalty) => tensor.mul_scalar(1.0 - lr * penalty as f64),
+            None => tensor,
+        };
+        let tensor = tensor - update.mul_scalar(lr * self.shape_scale(out, inp));
+        (tensor.transpose(), Some(MuonState::new(momentum)))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {

@@ -23,15 +23,48 @@ pub(crate) fn mm(
     threads: Threads,
 ) {
     assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
+    let scale = if accumulate { Some(1.0) } else { None };
     // SAFETY: `c` is a distinct `&mut` slice (no aliasing with `a` or `b`) that the assert keeps
     // every destination index inside.
-    unsafe { mm_raw(m, n, k, a, b, (c.as_mut_ptr(), c_rs), accumulate, threads) }
+    unsafe { mm_raw(m, n, k, a, b, (c.as_mut_ptr(), c_rs), scale, 1.0, threads) }
 }
 
-/// [`mm`] into a raw row-major destination.
+/// `c = alpha c + beta (a @ b)` (operands as in [`mm`]): one pass of `gemm` that also scales
+/// what the destination held, as PyTorch's `addmm(c, a, b, beta=alpha, alpha=beta)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mm_scaled(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+    (c, c_rs): (&mut [f32], usize),
+    alpha: f32,
+    beta: f32,
+    threads: Threads,
+) {
+    assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
+    // SAFETY: as in `mm`.
+    unsafe {
+        mm_raw(
+            m,
+            n,
+            k,
+            a,
+            b,
+            (c.as_mut_ptr(), c_rs),
+            Some(alpha),
+            beta,
+            threads,
+        )
+    }
+}
+
+/// `c = alpha c + beta (a @ b)` into a raw row-major destination, or `c = beta (a @ b)` when
+/// `alpha` is `None` (the destination is then not read).
 ///
 /// # Safety
-/// `c` must be valid for writes (and reads when `accumulate`) of the `m x n` elements at
+/// `c` must be valid for writes (and reads when `alpha` is given) of the `m x n` elements at
 /// row stride `c_rs`, and must not overlap `a` or `b`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn mm_raw(
@@ -41,7 +74,8 @@ unsafe fn mm_raw(
     (a, a_rs, a_cs): (&[f32], usize, usize),
     (b, b_rs, b_cs): (&[f32], usize, usize),
     (c, c_rs): (*mut f32, usize),
-    accumulate: bool,
+    alpha: Option<f32>,
+    beta: f32,
     threads: Threads,
 ) {
     assert!(a.len() >= extent(m, k, a_rs, a_cs), "lhs out of bounds");
@@ -59,15 +93,15 @@ unsafe fn mm_raw(
             c,
             1,
             c_rs as isize,
-            accumulate,
+            alpha.is_some(),
             a.as_ptr(),
             a_cs as isize,
             a_rs as isize,
             b.as_ptr(),
             b_cs as isize,
             b_rs as isize,
-            1.0,
-            1.0,
+            alpha.unwrap_or(1.0),
+            beta,
             false,
             false,
             false,
@@ -103,7 +137,8 @@ pub(crate) fn mm_new(
             a,
             b,
             (spare.as_mut_ptr().cast::<f32>(), n),
-            false,
+            None,
+            1.0,
             threads,
         );
         c.set_len(m * n);

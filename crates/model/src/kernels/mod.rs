@@ -16,6 +16,8 @@
 //!   [`rope`]: training ops with a hand-written backward (Autodiff over Flex).
 //! - [`adamw_update`]: one AdamW update of a parameter in one in-place pass, bit-identical to
 //!   Burn's `AdamW`.
+//! - [`newton_schulz`]: Muon's orthogonalisation, its matrix products with `addmm`'s scaling
+//!   folded into `gemm`.
 //! - [`exp::exp_f32`]: the vectorisable `exp` these kernels use.
 
 /// `fn $name(args) -> R` that runs the `#[inline(always)]` function `$generic` compiled for
@@ -65,6 +67,7 @@ mod linear_cross_entropy;
 mod matvec;
 mod mm;
 mod moe_experts;
+mod newton_schulz;
 mod rms_norm;
 mod rope;
 mod swiglu;
@@ -75,6 +78,7 @@ pub use cross_entropy::cross_entropy_rows;
 pub use linear::linear_rows;
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use moe_experts::moe_experts;
+pub use newton_schulz::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
 pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use swiglu::swiglu;
