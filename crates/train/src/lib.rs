@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod dashboard;
 pub mod data;
 pub mod error;
 pub mod eval;

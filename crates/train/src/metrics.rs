@@ -1,16 +1,20 @@
 //! Metrics: `RUN/metrics.jsonl` (one JSON object per line with `step`, `split` and `loss` at
-//! least), live progress (an indicatif bar on a terminal, plain lines otherwise), and the FLOP
-//! accounting behind MFU.
+//! least), live progress (an indicatif bar on a terminal, plain lines otherwise, or the
+//! dashboard), and the FLOP accounting behind MFU.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
+use std::cell::RefCell;
+
 use indicatif::{ProgressBar, ProgressStyle};
 use qwen_burn_model::{Qwen3Config, RouterStats};
 use serde_json::Value;
 
+use crate::dashboard::Dashboard;
 use crate::error::{Result, TrainError};
+use crate::records::MetricsRecord;
 
 /// Append-only JSONL metrics file.
 pub struct MetricsLog {
@@ -83,9 +87,18 @@ pub fn lora_flops_per_token(config: &Qwen3Config, seq_len: usize, adapter_params
         + 6.0 * adapter_params as f64
 }
 
-/// Live progress.
+/// Live progress: an indicatif bar on a terminal, plain lines otherwise, or the dashboard
+/// ([`Dashboard`]), which owns the screen: its lines then go to the run's log file.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    dashboard: Option<RefCell<DashboardView>>,
+}
+
+/// The dashboard and the log file its lines go to.
+struct DashboardView {
+    dashboard: Dashboard,
+    log: File,
+    log_path: PathBuf,
 }
 
 impl Progress {
@@ -102,7 +115,27 @@ impl Progress {
             bar.set_position(start as u64);
             bar
         });
-        Self { bar }
+        Self {
+            bar,
+            dashboard: None,
+        }
+    }
+
+    /// The dashboard, with every line appended to `log_path` instead of the screen.
+    pub fn with_dashboard(dashboard: Dashboard, log_path: &Path) -> Result<Self> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .map_err(|e| TrainError::io("open", log_path, e))?;
+        Ok(Self {
+            bar: None,
+            dashboard: Some(RefCell::new(DashboardView {
+                dashboard,
+                log,
+                log_path: log_path.to_path_buf(),
+            })),
+        })
     }
 
     /// Report progress of the current step (`msg` is shown in the bar).
@@ -111,10 +144,21 @@ impl Progress {
             bar.set_position(step as u64);
             bar.set_message(msg.to_string());
         }
+        if let Some(view) = &self.dashboard {
+            view.borrow_mut().dashboard.progress(step);
+        }
     }
 
     /// A line that must stay visible (log lines, validation, samples).
     pub fn line(&self, text: &str) {
+        if let Some(view) = &self.dashboard {
+            let mut view = view.borrow_mut();
+            // The log is a convenience copy (metrics.jsonl is the record): a failed write must
+            // not stop the run.
+            let _ = writeln!(view.log, "{text}");
+            view.dashboard.log(text);
+            return;
+        }
         match &self.bar {
             Some(bar) => bar.println(text),
             None => {
@@ -124,10 +168,34 @@ impl Progress {
         }
     }
 
-    /// Close the bar.
-    pub fn finish(&self) {
+    /// A record just written to `metrics.jsonl`, for the dashboard's plots.
+    pub fn record(&self, record: &MetricsRecord) {
+        if let Some(view) = &self.dashboard {
+            let d = &mut view.borrow_mut().dashboard;
+            match record {
+                MetricsRecord::Train(r) => d.train(r),
+                MetricsRecord::Val(r) => d.val(r),
+                MetricsRecord::Task(r) => d.task(r),
+            }
+        }
+    }
+
+    /// Whether the dashboard's stop key was pressed.
+    pub fn stop_requested(&self) -> bool {
+        self.dashboard
+            .as_ref()
+            .is_some_and(|v| v.borrow().dashboard.stop_requested())
+    }
+
+    /// Close the bar, or give the terminal back and say where the log is.
+    pub fn finish(self) {
         if let Some(bar) = &self.bar {
             bar.finish();
+        }
+        if let Some(view) = self.dashboard {
+            let view = view.into_inner();
+            view.dashboard.close();
+            println!("the run's log: {}", view.log_path.display());
         }
     }
 }

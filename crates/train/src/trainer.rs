@@ -16,6 +16,7 @@ use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 
 use crate::checkpoint::{TrainState, apply_retention, latest_checkpoint, save_checkpoint};
 use crate::config::{MAX_CONSECUTIVE_SKIPS, OnNonFinite, RunConfig};
+use crate::dashboard::Dashboard;
 use crate::data::DataPipeline;
 use crate::error::{Result, TrainError};
 use crate::eval::{evaluate, sample_text};
@@ -32,7 +33,9 @@ use crate::optim::trainable_params;
 use crate::optim::{apply_update, clip_to_norm, grad_norm};
 use crate::parallel::Replicas;
 use crate::peak::{PeakFigure, cache_path, peak_or_measure};
-use crate::records::{MetricsRecord, SampleRecord, TaskRecord, TrainRecord, ValRecord};
+use crate::records::{
+    MetricsRecord, SampleRecord, TaskRecord, TrainRecord, ValRecord, read_records,
+};
 use crate::resume::{copy_generation_config, model_config_of, start_run};
 use crate::schedule::learning_rate;
 pub use crate::step::{
@@ -68,6 +71,9 @@ pub struct RunSummary {
     pub tokens_per_sec: f64,
     /// Directory of the final checkpoint.
     pub checkpoint: Option<PathBuf>,
+    /// The run was stopped before `max_steps` with the dashboard's stop key (after writing
+    /// the checkpoint of its last step).
+    pub stopped: bool,
 }
 
 /// Run (or resume) training as the config says.
@@ -210,7 +216,7 @@ impl Loop<'_> {
             &cfg.logging.peak_tflops,
             cache_path().as_deref(),
         )?;
-        let progress = Progress::new(max_steps, state.step);
+        let progress = self.progress(max_steps, state.step)?;
         if let Some(note) = peak_note {
             progress.line(&note);
         }
@@ -240,6 +246,7 @@ impl Loop<'_> {
         let mut tokens_this_process = 0usize;
         let mut consecutive_skips = 0usize;
         let mut collapse = CollapseWatch::default();
+        let mut stopped = false;
 
         if state.step == 0 && t.eval_interval > 0 {
             // The starting point of the validation curve.
@@ -342,6 +349,7 @@ impl Loop<'_> {
                         .flatten(),
                 });
                 self.metrics.write(&record)?;
+                progress.record(&record);
                 let mut line = format!(
                     "step {s:>6}/{max_steps} | loss {:.4} | lr {lr:.2e} | gnorm {:.3} | {tps:.0} tok/s | mfu {:.2}%",
                     stats.loss,
@@ -386,35 +394,28 @@ impl Loop<'_> {
             if t.sample_interval > 0 && (s.is_multiple_of(t.sample_interval) || last) {
                 self.sample(&model, s, &progress)?;
             }
-            if (cfg.checkpoint.interval > 0 && s.is_multiple_of(cfg.checkpoint.interval)) || last {
-                // A checkpoint is "last good" only if its weights are finite and score a finite
-                // loss: an update from finite gradients can still overflow the weights.
-                if let Some(what) = unfit_for_checkpoint(
+            let stop = progress.stop_requested() && !last;
+            if (cfg.checkpoint.interval > 0 && s.is_multiple_of(cfg.checkpoint.interval))
+                || last
+                || stop
+            {
+                let elapsed = elapsed_before + started.elapsed().as_secs_f64();
+                let dir = self.checkpoint(
                     &model,
-                    state.val_loss,
-                    self.data.val_batches(),
-                    &self.device.clone().without_autodiff(),
-                )? {
-                    return Err(TrainError::NonFinite {
-                        step: s,
-                        what: what.0,
-                        param: what.1,
-                        action: "writing a checkpoint",
-                        last_good: last_checkpoint
-                            .as_ref()
-                            .map_or("none written yet".into(), |p| p.display().to_string()),
-                    });
-                }
-                state.elapsed_secs = elapsed_before + started.elapsed().as_secs_f64();
-                let dir =
-                    save_checkpoint(&self.run_dir, &state, &model, &optimizer, &self.run_toml)?;
-                apply_retention(
-                    &self.run_dir,
-                    cfg.checkpoint.keep_last,
-                    cfg.checkpoint.keep_best,
+                    &optimizer,
+                    &mut state,
+                    elapsed,
+                    last_checkpoint.as_deref(),
                 )?;
                 progress.line(&format!("step {s:>6} | checkpoint {}", dir.display()));
                 last_checkpoint = Some(dir);
+            }
+            if stop {
+                progress.line(&format!(
+                    "step {s:>6} | stopped with the dashboard's stop key; `train --resume` continues"
+                ));
+                stopped = true;
+                break;
             }
             window_start += side_work.elapsed();
             hooks::abort_after_step(s);
@@ -428,7 +429,68 @@ impl Loop<'_> {
             elapsed_secs: elapsed,
             tokens_per_sec: tokens_this_process as f64 / elapsed.max(1e-9),
             checkpoint: last_checkpoint,
+            stopped,
         })
+    }
+
+    /// Progress lines, or the dashboard when `logging.dashboard` asks for it and stdout is a
+    /// terminal (its lines then go to `RUN/train.log`).
+    fn progress(&self, max_steps: usize, step: usize) -> Result<Progress> {
+        if !self.config.logging.dashboard {
+            return Ok(Progress::new(max_steps, step));
+        }
+        if !Dashboard::available() {
+            let progress = Progress::new(max_steps, step);
+            progress.line(
+                "note: the dashboard (train --tui, logging.dashboard) needs a terminal on stdout \
+                 and stdin; printing progress lines instead",
+            );
+            return Ok(progress);
+        }
+        let history = read_records(&self.run_dir.join("metrics.jsonl")).unwrap_or_else(|e| {
+            eprintln!("note: the dashboard's plots start empty: {e}");
+            Vec::new()
+        });
+        let label = self.run_dir.display().to_string();
+        let dashboard = Dashboard::start(&label, step, max_steps, &history);
+        Progress::with_dashboard(dashboard, &self.run_dir.join("train.log"))
+    }
+
+    /// Write the checkpoint of `state.step`, if its weights are fit to be "last good" (finite,
+    /// and scoring a finite validation loss: an update from finite gradients can still
+    /// overflow the weights), and apply the retention rules.
+    fn checkpoint(
+        &mut self,
+        model: &Qwen3ForCausalLM,
+        optimizer: &ModuleOptimizer,
+        state: &mut TrainState,
+        elapsed_secs: f64,
+        last_checkpoint: Option<&Path>,
+    ) -> Result<PathBuf> {
+        let cfg = self.config;
+        if let Some(what) = unfit_for_checkpoint(
+            model,
+            state.val_loss,
+            self.data.val_batches(),
+            &self.device.clone().without_autodiff(),
+        )? {
+            return Err(TrainError::NonFinite {
+                step: state.step,
+                what: what.0,
+                param: what.1,
+                action: "writing a checkpoint",
+                last_good: last_checkpoint
+                    .map_or("none written yet".into(), |p| p.display().to_string()),
+            });
+        }
+        state.elapsed_secs = elapsed_secs;
+        let dir = save_checkpoint(&self.run_dir, state, model, optimizer, &self.run_toml)?;
+        apply_retention(
+            &self.run_dir,
+            cfg.checkpoint.keep_last,
+            cfg.checkpoint.keep_best,
+        )?;
+        Ok(dir)
     }
 
     /// Validation loss and bits per byte at `step`, written to `metrics.jsonl` and printed.
@@ -444,12 +506,14 @@ impl Loop<'_> {
             &self.device.clone().without_autodiff(),
             Some(&self.token_bytes),
         )?;
-        self.metrics.write(&MetricsRecord::Val(ValRecord {
+        let record = MetricsRecord::Val(ValRecord {
             step,
             loss: v.loss,
             perplexity: v.loss.exp(),
             bpb: v.bpb,
-        }))?;
+        });
+        self.metrics.write(&record)?;
+        progress.record(&record);
         let bpb = v
             .bpb
             .map_or(String::new(), |b| format!(" | val bpb {b:.4}"));
@@ -486,8 +550,9 @@ impl Loop<'_> {
                 "step {step:>6} | {} acc {:.3} ± {:.3} | acc_norm {:.3} ± {:.3} ({} questions, chance {:.3})",
                 r.task, r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr, r.questions, r.chance
             ));
-            self.metrics
-                .write(&MetricsRecord::Task(TaskRecord::new(step, &r)))?;
+            let record = MetricsRecord::Task(TaskRecord::new(step, &r));
+            self.metrics.write(&record)?;
+            progress.record(&record);
         }
         Ok(())
     }

@@ -30,15 +30,23 @@ pub struct Args {
     /// recorded in RUN_DIR/branch.json.
     #[arg(long, value_name = "DIR")]
     pub from_checkpoint: Option<PathBuf>,
+    /// Show burn-train's live dashboard (sets logging.dashboard): plots, progress and ETA; `q`
+    /// then `s` writes a checkpoint and stops (`--resume` continues). Needs a terminal; the
+    /// run's other output goes to RUN_DIR/train.log meanwhile.
+    #[arg(long)]
+    pub tui: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let max_steps: Vec<String> = args
+    let mut overrides: Vec<String> = args
         .max_steps
         .map(|steps| format!("training.max_steps={steps}"))
         .into_iter()
         .collect();
-    let config = args.config.load(&max_steps)?;
+    if args.tui {
+        overrides.push("logging.dashboard=true".into());
+    }
+    let config = args.config.load(&overrides)?;
     let run_dir = args
         .run_dir
         .unwrap_or_else(|| qwen_burn_train::trainer::default_run_dir(&args.config.config));
@@ -50,7 +58,8 @@ pub fn run(args: Args) -> Result<()> {
     };
     let summary = qwen_burn_train::train(&config, &opts)?;
     println!(
-        "done: {} steps, val loss {}, {:.0} tokens/s, {:.1}s, checkpoint {}",
+        "{}: {} steps, val loss {}, {:.0} tokens/s, {:.1}s, checkpoint {}",
+        if summary.stopped { "stopped" } else { "done" },
         summary.step,
         summary.val_loss.map_or("-".into(), |l| format!("{l:.4}")),
         summary.tokens_per_sec,

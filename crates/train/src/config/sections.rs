@@ -386,6 +386,9 @@ impl Default for EvalConfig {
 pub struct LoggingConfig {
     /// Log training metrics every N steps.
     pub interval: usize,
+    /// Show burn-train's live dashboard (plots, progress and ETA, a stop key that writes a
+    /// checkpoint) instead of progress lines, when stdout is a terminal; `train --tui` sets it.
+    pub dashboard: bool,
     /// Peak TFLOP/s of one device of the named kind, for MFU, e.g. `{ cuda = 67.0 }`. It applies
     /// to that device kind only; other kinds use the peak measured by `qwen-burn bench peak`
     /// (cached per machine), else the backend's assumed figure.
@@ -428,6 +431,7 @@ impl Default for LoggingConfig {
     fn default() -> Self {
         Self {
             interval: 10,
+            dashboard: false,
             peak_tflops: PeakTflops::default(),
         }
     }
