@@ -86,7 +86,9 @@ pub fn cached_peak(cache: Option<&Path>, kind: BackendKind) -> Option<PeakRecord
     read_cache(cache).remove(&kind_key(kind))
 }
 
-/// Store a measurement in `cache` (atomically: written beside, then renamed).
+/// Store a measurement in `cache` (atomically: written beside, then renamed). A peak is the most
+/// the machine has done: a lower measurement than the one cached (a slower moment of a shared
+/// VM, which the quiet check cannot see) does not replace it.
 pub fn store_peak(cache: Option<&Path>, kind: BackendKind, record: &PeakRecord) -> Result<PathBuf> {
     let path = cache.map(Path::to_path_buf).ok_or_else(|| {
         TrainError::config(
@@ -95,7 +97,11 @@ pub fn store_peak(cache: Option<&Path>, kind: BackendKind, record: &PeakRecord) 
         )
     })?;
     let mut all = read_cache(Some(&path));
-    all.insert(kind_key(kind), record.clone());
+    let key = kind_key(kind);
+    if all.get(&key).is_some_and(|old| old.flops >= record.flops) {
+        return Ok(path);
+    }
+    all.insert(key, record.clone());
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create", dir, e))?;
     }
@@ -293,6 +299,19 @@ mod tests {
             run_peak(&flex, &flex_too, cache),
             (0.3e12, PeakSource::Configured)
         );
+        // A lower measurement does not replace it; a higher one does.
+        let low = PeakRecord {
+            flops: 1.2e11,
+            ..record.clone()
+        };
+        store_peak(cache, BackendKind::Flex, &low).unwrap();
+        assert_eq!(cached_peak(cache, BackendKind::Flex).unwrap().flops, 2.5e11);
+        let high = PeakRecord {
+            flops: 3.3e11,
+            ..record
+        };
+        store_peak(cache, BackendKind::Flex, &high).unwrap();
+        assert_eq!(cached_peak(cache, BackendKind::Flex).unwrap().flops, 3.3e11);
         // Other kinds have their own entries.
         assert!(cached_peak(cache, BackendKind::Ndarray).is_none());
         // A real measurement is positive and finite.
