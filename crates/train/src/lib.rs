@@ -3,7 +3,7 @@
 //! checkpoints with exact resume, fine-tuning (full or LoRA), plots and benchmarks.
 //!
 //! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`step`], [`trainer`], [`eval`],
-//! [`guard`], [`checkpoint`], [`resume`], [`lock`], [`metrics`], [`plot`].
+//! [`guard`], [`checkpoint`], [`resume`], [`lock`], [`metrics`], [`dashboard`], [`plot`].
 
 pub mod bench;
 pub mod checkpoint;
