@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::{PeakTflops, RunConfig};
 use crate::error::Result;
+use crate::memory::training_memory_line;
 use crate::metrics::{lora_flops_per_token, train_flops_per_token};
 use crate::optim::{apply_update, build_optimizer, clip_global_norm, trainable_params};
 use crate::parallel::Replicas;
@@ -152,6 +153,7 @@ pub fn bench_train(
         "fused_kernels": t.fused_kernels,
         "mfu": tps * flops / peak,
         "peak_rss_mb": peak_rss_mb(),
+        "memory_estimate": training_memory_line(config, model_config, devices.kinds()[0]),
         "final_loss": losses.last().copied().unwrap_or(f64::NAN),
     }))
 }

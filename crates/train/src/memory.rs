@@ -7,7 +7,7 @@
 //! run larger, so a refused run would certainly not have fit, while an accepted one may still
 //! run out.
 
-use qwen_burn_model::memory::Estimate;
+use qwen_burn_model::memory::{Estimate, human};
 use qwen_burn_model::{BackendKind, Qwen3Config};
 
 use crate::config::RunConfig;
@@ -64,6 +64,33 @@ pub fn training_estimate(config: &RunConfig, model: &Qwen3Config, kind: BackendK
     estimate
 }
 
+/// One line for a run's header: the estimate's total and its terms, the model's parameters
+/// summed as "weights", e.g. `memory estimate (a floor): 310.2 MiB = weights 16.5 MiB +
+/// gradients 16.5 MiB + ...`.
+pub fn training_memory_line(config: &RunConfig, model: &Qwen3Config, kind: BackendKind) -> String {
+    let estimate = training_estimate(config, model, kind);
+    let weights = model.parameter_estimate().parts.len();
+    let mut terms = vec![format!(
+        "weights {}",
+        human(estimate.parts[..weights].iter().map(|p| p.bytes).sum())
+    )];
+    for part in &estimate.parts[weights..] {
+        // The term's name without the config fields it grows with.
+        let name = part.what.split(" (").next().unwrap_or(&part.what);
+        terms.push(format!("{name} {}", human(part.bytes)));
+    }
+    let scope = if kind.is_cpu() {
+        ""
+    } else {
+        " (host side: the device's own memory is not estimated)"
+    };
+    format!(
+        "memory estimate (a floor){scope}: {} = {}",
+        human(estimate.total()),
+        terms.join(" + ")
+    )
+}
+
 /// Refuse a run whose estimate exceeds the memory limit.
 pub fn check_training_memory(
     config: &RunConfig,
@@ -73,4 +100,66 @@ pub fn check_training_memory(
     training_estimate(config, model, kind)
         .check("training")
         .map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_line_adds_up_its_terms() {
+        let table: toml::Table = r#"
+            [model]
+            vocab_size = 64
+            hidden_size = 16
+            intermediate_size = 32
+            num_hidden_layers = 1
+            num_attention_heads = 2
+            num_key_value_heads = 1
+            head_dim = 8
+            [data]
+            inputs = ["x.txt"]
+            tokenizer = "t.json"
+            [optimizer]
+            lr = 1e-3
+            [training]
+            batch_size = 2
+            seq_len = 8
+            max_steps = 10
+        "#
+        .parse()
+        .unwrap();
+        let config = RunConfig::from_table(table).unwrap();
+        let model = crate::resume::model_config_of(&config).unwrap();
+        let line = training_memory_line(&config, &model, BackendKind::Flex);
+        let estimate = training_estimate(&config, &model, BackendKind::Flex);
+        assert!(
+            line.starts_with(&format!(
+                "memory estimate (a floor): {} = weights",
+                human(estimate.total())
+            )),
+            "{line}"
+        );
+        for term in [
+            "gradients",
+            "AdamW moments",
+            "activations",
+            "logits and their gradient",
+        ] {
+            assert!(line.contains(term), "{term}: {line}");
+        }
+        // Weights, then one term per training term: nothing dropped, nothing counted twice.
+        let weights: u128 = model.parameter_estimate().total();
+        let rest: u128 = estimate.parts[model.parameter_estimate().parts.len()..]
+            .iter()
+            .map(|p| p.bytes)
+            .sum();
+        assert_eq!(weights + rest, estimate.total());
+        let terms = estimate.parts.len() - model.parameter_estimate().parts.len();
+        assert_eq!(line.matches(" + ").count(), terms, "{line}");
+        assert!(
+            line.contains(&format!("weights {}", human(weights))),
+            "{line}"
+        );
+    }
 }

@@ -25,7 +25,7 @@ use qwen_burn_model::kernels::{in_pool, set_fused_kernels};
 use crate::guard::{check_step, unfit_for_checkpoint};
 use crate::hooks;
 use crate::lock::RunLock;
-use crate::memory::check_training_memory;
+use crate::memory::{check_training_memory, training_memory_line};
 use crate::metrics::{
     CollapseWatch, MetricsLog, MoeWorst, Progress, lora_flops_per_token, train_flops_per_token,
 };
@@ -105,6 +105,7 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let model_config = model_config_of(config)?;
     // Before anything is allocated: refuse what cannot fit, naming the config fields.
     check_training_memory(config, &model_config, devices.kinds()[0])?;
+    let memory_line = training_memory_line(config, &model_config, devices.kinds()[0]);
     for notice in &config.notices {
         eprintln!("{notice}");
     }
@@ -170,6 +171,7 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         samples,
         token_bytes,
         tasks,
+        memory_line,
         data: &mut data,
     }
     .run(model, optimizer, state)?;
@@ -190,6 +192,8 @@ struct Loop<'a> {
     token_bytes: Vec<u32>,
     /// The `[eval]` tasks, read before training starts.
     tasks: Vec<McTask>,
+    /// The memory estimate, for the header.
+    memory_line: String,
 }
 
 impl Loop<'_> {
@@ -232,6 +236,7 @@ impl Loop<'_> {
             t.seq_len,
             self.run_dir.display()
         ));
+        progress.line(&self.memory_line);
         if state.step > 0 {
             progress.line(&format!(
                 "resumed at step {} ({} tokens seen)",
