@@ -87,11 +87,7 @@ impl Dashboard {
         tui.start(max_steps / chunk, done + 1, Some(chunk), Some(label));
         tui.start_split("train", chunk);
         for record in history {
-            match record {
-                MetricsRecord::Train(r) => dashboard.train(r),
-                MetricsRecord::Val(r) => dashboard.val(r),
-                MetricsRecord::Task(r) => dashboard.task(r),
-            }
+            dashboard.record(record);
         }
         dashboard
     }
@@ -138,8 +134,17 @@ impl Dashboard {
         self.tui.update_train(MetricState::Generic(entry));
     }
 
+    /// A record of `metrics.jsonl`, into its plots.
+    pub fn record(&mut self, record: &MetricsRecord) {
+        match record {
+            MetricsRecord::Train(r) => self.train(r),
+            MetricsRecord::Val(r) => self.val(r),
+            MetricsRecord::Task(r) => self.task(r),
+        }
+    }
+
     /// A training record (a logged step).
-    pub fn train(&mut self, r: &TrainRecord) {
+    fn train(&mut self, r: &TrainRecord) {
         self.value(LOSS, r.loss, format!("{:.4}", r.loss), false);
         self.value(LR, r.lr, format!("{:.3e}", r.lr), false);
         self.value(GRAD_NORM, r.grad_norm, format!("{:.3}", r.grad_norm), false);
@@ -166,7 +171,7 @@ impl Dashboard {
     }
 
     /// A validation record.
-    pub fn val(&mut self, r: &ValRecord) {
+    fn val(&mut self, r: &ValRecord) {
         self.value(
             LOSS,
             r.loss,
@@ -179,7 +184,7 @@ impl Dashboard {
     }
 
     /// A task's score (shown as its own validation plot).
-    pub fn task(&mut self, r: &TaskRecord) {
+    fn task(&mut self, r: &TaskRecord) {
         let name = format!("{} acc_norm", r.task);
         let text = format!(
             "{:.3} ± {:.3} (step {}, chance {:.3})",

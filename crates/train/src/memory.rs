@@ -108,27 +108,7 @@ mod tests {
 
     #[test]
     fn the_header_line_adds_up_its_terms() {
-        let table: toml::Table = r#"
-            [model]
-            vocab_size = 64
-            hidden_size = 16
-            intermediate_size = 32
-            num_hidden_layers = 1
-            num_attention_heads = 2
-            num_key_value_heads = 1
-            head_dim = 8
-            [data]
-            inputs = ["x.txt"]
-            tokenizer = "t.json"
-            [optimizer]
-            lr = 1e-3
-            [training]
-            batch_size = 2
-            seq_len = 8
-            max_steps = 10
-        "#
-        .parse()
-        .unwrap();
+        let table: toml::Table = crate::config::MINIMAL.parse().unwrap();
         let config = RunConfig::from_table(table).unwrap();
         let model = crate::resume::model_config_of(&config).unwrap();
         let line = training_memory_line(&config, &model, BackendKind::Flex);

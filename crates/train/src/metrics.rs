@@ -171,12 +171,7 @@ impl Progress {
     /// A record just written to `metrics.jsonl`, for the dashboard's plots.
     pub fn record(&self, record: &MetricsRecord) {
         if let Some(view) = &self.dashboard {
-            let d = &mut view.borrow_mut().dashboard;
-            match record {
-                MetricsRecord::Train(r) => d.train(r),
-                MetricsRecord::Val(r) => d.val(r),
-                MetricsRecord::Task(r) => d.task(r),
-            }
+            view.borrow_mut().dashboard.record(record);
         }
     }
 

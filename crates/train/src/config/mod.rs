@@ -488,5 +488,27 @@ impl RunConfig {
     }
 }
 
+/// The smallest valid run config, for the crate's unit tests.
+#[cfg(test)]
+pub(crate) const MINIMAL: &str = r#"
+[model]
+vocab_size = 64
+hidden_size = 16
+intermediate_size = 32
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+head_dim = 8
+[data]
+inputs = ["x.txt"]
+tokenizer = "t.json"
+[optimizer]
+lr = 1e-3
+[training]
+batch_size = 2
+seq_len = 8
+max_steps = 10
+"#;
+
 #[cfg(test)]
 mod tests;

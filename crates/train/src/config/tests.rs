@@ -1,25 +1,5 @@
 use super::*;
 
-const MINIMAL: &str = r#"
-[model]
-vocab_size = 64
-hidden_size = 16
-intermediate_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-head_dim = 8
-[data]
-inputs = ["x.txt"]
-tokenizer = "t.json"
-[optimizer]
-lr = 1e-3
-[training]
-batch_size = 2
-seq_len = 8
-max_steps = 10
-"#;
-
 fn load(extra: &[&str]) -> Result<RunConfig> {
     let mut table: toml::Table = MINIMAL.parse().unwrap();
     apply_overrides(
