@@ -6,7 +6,7 @@
 //! layer order: the basis of cross-device loss comparisons and exact resume.
 
 use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -14,6 +14,8 @@ use crate::model::Qwen3ForCausalLM;
 
 struct Initialiser {
     seed: u64,
+    /// Storage of the 2-D parameters (f32, or bf16 for frozen LoRA bases).
+    matrices: DType,
     std: f64,
     names: Vec<String>,
     containers: Vec<String>,
@@ -69,7 +71,11 @@ impl ModuleMapper for Initialiser {
             }
         };
         let device = param.lazy_device();
-        let tensor = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
+        let mut tensor = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
+        if D == 2 && self.matrices != DType::F32 {
+            // One parameter at a time: the f32 copy is freed before the next is drawn.
+            tensor = tensor.cast(self.matrices);
+        }
         let id = param.id;
         param.transform_for_load(tensor, id)
     }
@@ -77,9 +83,18 @@ impl ModuleMapper for Initialiser {
 
 /// Re-draw every parameter of `model` from `seed` (identical on every device).
 pub fn init_weights(model: Qwen3ForCausalLM, seed: u64) -> Qwen3ForCausalLM {
+    init_weights_as(model, seed, DType::F32)
+}
+
+/// [`init_weights`] with the matrices (every 2-D parameter: projections, experts, routers,
+/// embedding, LM head) stored as `matrices`, each cast as it is drawn, so that a bf16 model
+/// never holds its f32 copy whole; norms and biases stay f32. The values are the f32 draws
+/// rounded to nearest.
+pub fn init_weights_as(model: Qwen3ForCausalLM, seed: u64, matrices: DType) -> Qwen3ForCausalLM {
     let std = model.config.initializer_range;
     model.map(&mut Initialiser {
         seed,
+        matrices,
         std,
         names: Vec::new(),
         containers: Vec::new(),

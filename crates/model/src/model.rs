@@ -2,7 +2,7 @@
 
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear};
-use burn::tensor::{Bool, Device, Int, Tensor};
+use burn::tensor::{Bool, DType, Device, Int, Tensor};
 
 use crate::block::DecoderLayer;
 use crate::config::Qwen3Config;
@@ -257,20 +257,36 @@ impl Qwen3ForCausalLM {
     /// f32 (the kernels widen each weight in registers); norms stay f32. Logits then match a
     /// model whose weights were rounded to bf16 (`tests/bf16.rs`).
     pub fn with_bf16_weights(self) -> Self {
-        struct ToBf16;
-        impl burn::module::ModuleMapper for ToBf16 {
+        self.with_matrices(DType::BF16)
+    }
+
+    /// The same model with its matrices (every 2-D parameter, LoRA factors included) cast to
+    /// `dtype`, one at a time; norms and biases as they are. `with_matrices(DType::F32)` widens
+    /// a bf16 LoRA base before its adapters merge (`materialize`), so that the merge is
+    /// `bf16(W) + scale * A B` in f32.
+    pub fn with_matrices(self, dtype: DType) -> Self {
+        struct Cast(DType);
+        impl burn::module::ModuleMapper for Cast {
             fn map_float<const D: usize>(
                 &mut self,
                 param: burn::module::Param<Tensor<D>>,
             ) -> burn::module::Param<Tensor<D>> {
+                let dtype = self.0;
                 if D == 2 {
-                    param.map(|t| t.cast(burn::tensor::DType::BF16))
+                    // Detached: a cast of a tracked weight would be a graph node, not a leaf.
+                    param.map(|t| {
+                        if t.dtype() == dtype {
+                            t
+                        } else {
+                            t.detach().cast(dtype)
+                        }
+                    })
                 } else {
                     param
                 }
             }
         }
-        self.map(&mut ToBf16)
+        self.map(&mut Cast(dtype))
     }
 
     /// An empty KV cache sized for this model.

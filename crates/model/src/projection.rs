@@ -47,23 +47,23 @@ pub fn project<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
             out[D - 1] = y.dims()[1];
             y.reshape(out)
         }
-        None => matmul(x, widened(layer.weight.val()), bias),
+        None => matmul(x, layer.weight.val(), bias),
         Some(adapter) => {
             // The scale goes on the rank-r intermediate, the smallest tensor of the three.
             let low = matmul(x.clone(), adapter.a.val(), None).mul_scalar(adapter.scale);
-            matmul(x, widened(layer.weight.base()), bias) + matmul(low, adapter.b.val(), None)
+            matmul(x, layer.weight.base(), bias) + matmul(low, adapter.b.val(), None)
         }
     }
 }
 
-/// `x @ w + b`: the fused projection kernel on Flex ([`linear_rows`]), Burn's `linear`
-/// elsewhere.
+/// `x @ w + b`: the fused projection kernel on Flex ([`linear_rows`], which reads a frozen bf16
+/// `w` as it is stored), Burn's `linear` on `w` in f32 elsewhere.
 fn matmul<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
     match linear_rows(&x, &w) {
         Some(y) => match bias {
             Some(b) => y + b.unsqueeze(),
             None => y,
         },
-        None => linear(x, w, bias),
+        None => linear(x, widened(w), bias),
     }
 }

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
 
@@ -211,6 +211,8 @@ impl KeyPath {
 
 struct Loader<'a> {
     checkpoint: &'a SafetensorsCheckpoint,
+    /// Storage of the 2-D parameters, cast tensor by tensor as they load.
+    matrices: DType,
     path: KeyPath,
     consumed: HashSet<String>,
     errors: Vec<ModelError>,
@@ -268,6 +270,9 @@ impl ModuleMapper for Loader<'_> {
             tensor = Tensor::from_data(tensor.transpose().into_data(), &device);
             debug_assert_eq!(tensor.dims().to_vec(), dims);
         }
+        if D == 2 && self.matrices != DType::F32 {
+            tensor = tensor.cast(self.matrices);
+        }
         let id = param.id;
         param.transform_for_load(tensor, id)
     }
@@ -276,18 +281,34 @@ impl ModuleMapper for Loader<'_> {
 impl Qwen3ForCausalLM {
     /// Load an HF model directory (`config.json` + safetensors) onto `device`.
     pub fn from_pretrained(dir: &Path, device: &Device) -> Result<Self> {
+        Self::from_pretrained_as(dir, device, DType::F32)
+    }
+
+    /// [`Self::from_pretrained`] with the matrices (2-D parameters) stored as `matrices`, each
+    /// cast as it is read: a bf16 load never holds the f32 model whole. Norms stay f32.
+    pub fn from_pretrained_as(dir: &Path, device: &Device, matrices: DType) -> Result<Self> {
         let config_path = dir.join("config.json");
         let config = Qwen3Config::from_file(&config_path)?;
         config.check_fits_in_memory(&format!("the model of {}", config_path.display()))?;
         let checkpoint = SafetensorsCheckpoint::open(dir)?;
-        Self::new(&config, device).load_safetensors(&checkpoint)
+        Self::new(&config, device).load_safetensors_as(&checkpoint, matrices)
     }
 
     /// Replace every parameter with the checkpoint's tensor, strictly.
     pub fn load_safetensors(self, checkpoint: &SafetensorsCheckpoint) -> Result<Self> {
+        self.load_safetensors_as(checkpoint, DType::F32)
+    }
+
+    /// [`Self::load_safetensors`], the matrices stored as `matrices`.
+    pub fn load_safetensors_as(
+        self,
+        checkpoint: &SafetensorsCheckpoint,
+        matrices: DType,
+    ) -> Result<Self> {
         let tied = self.config.tie_word_embeddings;
         let mut loader = Loader {
             checkpoint,
+            matrices,
             path: KeyPath::default(),
             consumed: HashSet::new(),
             errors: Vec::new(),
@@ -323,7 +344,11 @@ impl Qwen3ForCausalLM {
             tensors: Vec::new(),
             error: None,
         };
-        self.clone().materialize().visit(&mut exporter);
+        // bf16 matrices (a LoRA base) widen first: the adapters merge into f32 weights.
+        self.clone()
+            .with_matrices(DType::F32)
+            .materialize()
+            .visit(&mut exporter);
         match exporter.error {
             Some(e) => Err(e),
             None => Ok(exporter.tensors),

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::{PeakTflops, RunConfig};
 use crate::error::Result;
-use crate::memory::training_memory_line;
+use crate::memory::{check_training_memory, training_memory_line};
 use crate::metrics::{lora_flops_per_token, train_flops_per_token};
 use crate::optim::{apply_update, build_optimizer, clip_global_norm, trainable_params};
 use crate::parallel::Replicas;
@@ -84,6 +84,7 @@ pub fn bench_train(
     let model_config = &model_config_of(config)?;
     let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
     let device = replicas.main().clone();
+    check_training_memory(config, model_config, devices.kinds()[0])?;
     let mut model = build_model(config, &device)?;
     let adapter_params = match &config.lora {
         Some(_) => trainable_params(&model),

@@ -17,13 +17,13 @@ use std::path::{Path, PathBuf};
 use burn::module::{Lora, Module, ParamGroup};
 use burn::optim::ModuleOptimizer;
 use burn::store::ModuleRecord;
-use burn::tensor::Device;
+use burn::tensor::{DType, Device, FloatDType};
 use qwen_burn_data::Cursor;
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::LoraConfig;
+use crate::config::{BaseDtype, LoraConfig};
 use crate::error::{Result, TrainError};
 
 /// Bump when the layout changes.
@@ -274,9 +274,18 @@ pub fn lora_group(lora: &LoraConfig) -> ParamGroup {
     ParamGroup::from_regex(pattern).expect("projection names form a valid regex")
 }
 
-/// Attach LoRA adapters to `model`.
+/// Attach LoRA adapters to `model`, its matrices first stored as `lora.base_dtype` says (a
+/// no-op when they already are). The adapters are f32 whatever the base's storage.
 pub fn apply_lora(model: Qwen3ForCausalLM, lora: &LoraConfig) -> Qwen3ForCausalLM {
-    model.apply_lora(Lora::new(lora.rank, lora.alpha).set_param_group(lora_group(lora)))
+    let model = match lora.base_dtype {
+        BaseDtype::F32 => model,
+        BaseDtype::Bf16 => model.with_matrices(DType::BF16),
+    };
+    model.apply_lora(
+        Lora::new(lora.rank, lora.alpha)
+            .set_param_group(lora_group(lora))
+            .set_dtype(FloatDType::F32),
+    )
 }
 
 /// Rebuild the model of a checkpoint on `device`.
@@ -416,16 +425,22 @@ pub fn set_aside_newer(run_dir: &Path, resumed_step: usize) -> Result<Vec<PathBu
 /// retention deletes the one being read, the next newest is read.
 pub fn load_model_merged(path: &Path, device: &Device) -> Result<Qwen3ForCausalLM> {
     if path.join("state.json").is_file() {
-        return load_checkpoint_model(path, device).map(|m| m.materialize());
+        return load_checkpoint_model(path, device).map(merged);
     }
     if !list_checkpoints(path).is_empty() {
         let (_, model) = load_newest_good(path, |dir| load_checkpoint_model(dir, device))?;
-        return Ok(model.materialize());
+        return Ok(merged(model));
     }
     match resolve_model_dir(path)? {
-        ModelDir::Checkpoint(dir) => load_checkpoint_model(&dir, device).map(|m| m.materialize()),
+        ModelDir::Checkpoint(dir) => load_checkpoint_model(&dir, device).map(merged),
         ModelDir::Hf(dir) => Ok(Qwen3ForCausalLM::from_pretrained(&dir, device)?),
     }
+}
+
+/// The adapters merged into the weights, in f32: a bf16 LoRA base is widened first, so the
+/// merged weight is `bf16(W) + scale * A B` rounded once, to f32.
+fn merged(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM {
+    model.with_matrices(DType::F32).materialize()
 }
 
 /// Load a model for inference (no autodiff) from any path [`resolve_model_dir`] accepts.

@@ -83,6 +83,15 @@ pub enum TrainError {
         holder: String,
     },
 
+    /// A run whose memory estimate is over the limit, with the options that would fit.
+    #[error("{refusal}; {options}")]
+    DoesNotFit {
+        /// The estimate's refusal: what it needs, what is available, the largest terms.
+        refusal: String,
+        /// The config changes that would make it fit.
+        options: String,
+    },
+
     /// Model errors (config, weights).
     #[error(transparent)]
     Model(#[from] qwen_burn_model::ModelError),

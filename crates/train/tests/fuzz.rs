@@ -35,6 +35,7 @@ const SEEDS: &[&str] = &[
     include_str!("../../../configs/qwen3-0.6b.toml"),
     include_str!("../../../configs/bench-dense.toml"),
     include_str!("../../../configs/bench-lora-0.6b.toml"),
+    include_str!("../../../configs/bench-lora-4b.toml"),
 ];
 
 /// Section and key names of run configs (and of the HF `[model]` table), and a few unknown.
@@ -96,6 +97,7 @@ const KEYS: &[&str] = &[
     "rank",
     "alpha",
     "targets",
+    "base_dtype",
     "bogus",
 ];
 

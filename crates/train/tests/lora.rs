@@ -1,16 +1,17 @@
 //! LoRA trains in factored form: a step computes gradients for the adapters only (the frozen
 //! weights get none, so they hold no gradient buffers and no optimizer state), and the factored
-//! forward equals the merged weights' forward.
+//! forward equals the merged weights' forward. With the base stored in bf16, a step equals the
+//! f32 step on the same rounded weights.
 
 mod common;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use common::{lcg_batch, tiny_config};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_train::checkpoint::apply_lora;
-use qwen_burn_train::config::{LoraConfig, LoraTarget};
+use qwen_burn_train::config::{BaseDtype, LoraConfig, LoraTarget};
 use qwen_burn_train::optim::{build_optimizer, trainable_params};
 use qwen_burn_train::step::{batch_tensors, forward_backward};
 
@@ -27,6 +28,7 @@ fn all_targets() -> LoraConfig {
             LoraTarget::UpProj,
             LoraTarget::DownProj,
         ],
+        base_dtype: BaseDtype::F32,
     }
 }
 
@@ -172,7 +174,85 @@ impl burn::module::ModuleMapper for RandomiseAdapters {
             let values: Vec<f32> = (0..n)
                 .map(|i| (((i as u64 * 2654435761 + self.0 * 97) % 1000) as f32 / 5000.0) - 0.1)
                 .collect();
-            Tensor::<1>::from_floats(values.as_slice(), &t.device()).reshape(t.shape())
+            Tensor::<1>::from_floats(values.as_slice(), &t.device())
+                .reshape(t.shape())
+                .require_grad()
         })
     }
+}
+
+/// The dtypes of the trainable and of the frozen matrices.
+fn matrix_dtypes(model: &Qwen3ForCausalLM) -> (Vec<DType>, Vec<DType>) {
+    #[derive(Default)]
+    struct Dtypes(Vec<DType>, Vec<DType>);
+    impl ModuleVisitor for Dtypes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if D != 2 {
+                return;
+            }
+            let dtype = param.val().dtype();
+            if param.is_require_grad() {
+                self.0.push(dtype);
+            } else {
+                self.1.push(dtype);
+            }
+        }
+    }
+    let mut found = Dtypes::default();
+    model.visit(&mut found);
+    (found.0, found.1)
+}
+
+/// `lora.base_dtype = "bf16"` (issue 27): the frozen matrices are stored in bf16, the adapters
+/// in f32, and a step through the Flex kernels (fused, and composed with the kernels off) gives
+/// the loss and adapter gradients of an f32 step on the same rounded weights. (NdArray and wgpu
+/// have no bf16 tensors: such runs are refused, `memory::check_training_memory`.)
+#[test]
+fn a_bf16_base_step_equals_the_f32_step_on_the_rounded_weights() {
+    let device = Device::flex().autodiff();
+    for fused in [true, false] {
+        qwen_burn_model::kernels::set_fused_kernels(fused);
+        for moe in [false, true] {
+            let base = init_weights(
+                Qwen3ForCausalLM::new(&tiny_config(moe, None, 0.0), &device),
+                3,
+            );
+            let lora = LoraConfig {
+                base_dtype: BaseDtype::Bf16,
+                ..all_targets()
+            };
+            let bf16 = apply_lora(base, &lora).map(&mut RandomiseAdapters(0));
+            let (trainable, frozen) = matrix_dtypes(&bf16);
+            assert!(trainable.iter().all(|d| *d == DType::F32), "{trainable:?}");
+            assert!(
+                !frozen.is_empty() && frozen.iter().all(|d| *d == DType::BF16),
+                "{frozen:?}"
+            );
+            // The same adapters over the same base values, widened (exactly) to f32.
+            let f32 = bf16.clone().with_matrices(DType::F32);
+            assert!(matrix_dtypes(&f32).1.iter().all(|d| *d == DType::F32));
+
+            let batch = [lcg_batch(2, 8, 1)];
+            let (grads_bf16, stats_bf16) = forward_backward(&bf16, &batch, &device).unwrap();
+            let (grads_f32, stats_f32) = forward_backward(&f32, &batch, &device).unwrap();
+            let what = format!("fused={fused} moe={moe}");
+            let loss = (stats_bf16.loss - stats_f32.loss).abs() / stats_f32.loss.abs();
+            assert!(loss <= 1e-5, "{what}: loss differs by {loss} (relative)");
+            let (ids, _) = split_ids(&bf16);
+            assert_eq!(grads_bf16.len(), ids.len(), "{what}: adapters only");
+            for (id, rank) in ids {
+                assert_eq!(rank, 2);
+                let a = grads_bf16.get::<2>(id).expect("adapter gradient");
+                let b = grads_f32.get::<2>(id).expect("adapter gradient");
+                let scale = b.clone().abs().max().into_scalar::<f32>();
+                let diff = (a - b).abs().max().into_scalar::<f32>();
+                assert!(scale > 0.0, "{what}: a zero gradient compares nothing");
+                assert!(
+                    diff <= 1e-5 * scale,
+                    "{what}: adapter {id:?} gradient differs by {diff} (max {scale})"
+                );
+            }
+        }
+    }
+    qwen_burn_model::kernels::set_fused_kernels(true);
 }

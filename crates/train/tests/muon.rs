@@ -226,6 +226,7 @@ fn muon_trains_the_hidden_matrices_and_adamw_the_rest() {
             rank: 2,
             alpha: 4.0,
             targets: vec![LoraTarget::QProj, LoraTarget::VProj],
+            ..Default::default()
         },
     );
     // The adapters are the `a` and `b` matrices under each adapted weight's `lora`.

@@ -21,7 +21,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::mm::{Threads, mm_new};
+use super::mm::{Matrix, Threads, mm_matrix, mm_new};
 use super::{Elements, flex_training};
 
 /// Backends with the fused projection: Flex, and Autodiff over Flex (with its backward).
@@ -80,8 +80,10 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
     }
 }
 
-/// `x @ w` over the last axis of `x` through the fused projection on Flex (autodiff or not) in
-/// f32; `None` elsewhere, for Burn's `linear`.
+/// `x @ w` over the last axis of `x` through the fused projection on Flex (autodiff or not),
+/// computed in f32; `None` elsewhere, for Burn's `linear`. `x` is f32; `w` f32, or bf16 when it
+/// is frozen (LoRA's base weights): kept in bf16 for the backward too, and widened a block at a
+/// time inside each product.
 ///
 /// # Shapes
 /// - `x`: `[..., k]`, `w`: `[k, m]` -> `[..., m]`
@@ -90,7 +92,7 @@ pub fn linear_rows<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tenso
     let [k, m] = w.dims();
     if !flex_training(&x.device())
         || x.dtype() != DType::F32
-        || w.dtype() != DType::F32
+        || !(w.dtype() == DType::F32 || (w.dtype() == DType::BF16 && !w.is_tracked()))
         || dims[D - 1] != k
     {
         return None;
@@ -105,7 +107,7 @@ pub fn linear_rows<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tenso
     Some(y.reshape(out))
 }
 
-/// `[n, k] @ [k, m]`.
+/// `[n, k] @ [k, m]`; `w` f32 or bf16 (widened block by block, [`mm_matrix`]).
 fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, k, m) = (
         x.layout().shape()[0],
@@ -113,16 +115,48 @@ fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
         w.layout().shape()[1],
     );
     let (x, w) = (Elements::of(x), Elements::of(w));
-    let y = mm_new(n, m, k, (x.f32(), k, 1), (w.f32(), m, 1), Threads::All);
+    let y = match w.matrix() {
+        Matrix::F32(w) => mm_new(n, m, k, (x.f32(), k, 1), (w, m, 1), Threads::All),
+        bf16 => {
+            let mut y = vec![0.0f32; n * m];
+            mm_matrix(
+                n,
+                (x.f32(), k, 1),
+                bf16,
+                [k, m],
+                false,
+                (&mut y, m),
+                false,
+                Threads::All,
+            );
+            y
+        }
+    };
     FlexTensor::from_data(TensorData::new(y, [n, m]))
 }
 
-/// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides.
+/// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides (or widened, for bf16).
 fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
     let k = w.layout().shape()[0];
     let (dy, w) = (Elements::of(dy), Elements::of(w));
-    let dx = mm_new(n, k, m, (dy.f32(), m, 1), (w.f32(), 1, m), Threads::All);
+    let dx = match w.matrix() {
+        Matrix::F32(w) => mm_new(n, k, m, (dy.f32(), m, 1), (w, 1, m), Threads::All),
+        bf16 => {
+            let mut dx = vec![0.0f32; n * k];
+            mm_matrix(
+                n,
+                (dy.f32(), m, 1),
+                bf16,
+                [k, m],
+                true,
+                (&mut dx, k),
+                false,
+                Threads::All,
+            );
+            dx
+        }
+    };
     FlexTensor::from_data(TensorData::new(dx, [n, k]))
 }
 

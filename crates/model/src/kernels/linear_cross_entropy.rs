@@ -28,7 +28,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::cross_entropy::row_loss;
-use super::mm::{Threads, mm};
+use super::mm::{Matrix, Threads, mm, mm_matrix};
 use super::{dense, flex_training, int_values};
 
 /// Backends with the fused head + cross-entropy: Flex, and Autodiff over Flex.
@@ -112,8 +112,9 @@ impl<C: CheckpointStrategy> FusedLinearCrossEntropy for Autodiff<Flex, C> {
     }
 }
 
-/// The fused head + cross-entropy on Flex (autodiff or not) in f32; `None` elsewhere, for the
-/// composed path (`lm_head` then `loss::cross_entropy_sum`).
+/// The fused head + cross-entropy on Flex (autodiff or not), computed in f32; `None` elsewhere,
+/// for the composed path (`lm_head` then `loss::cross_entropy_sum`). `h` is f32, `w` f32 or,
+/// when frozen, bf16.
 ///
 /// # Shapes
 /// - `h`: `[n, d]`, `w`: `[d, v]` (or `[v, d]` when `vocab_major`), `y`: `[n]` -> `[1]`
@@ -127,7 +128,7 @@ pub fn linear_cross_entropy(
     let wd = w.dims();
     let ok = flex_training(&h.device())
         && h.dtype() == DType::F32
-        && w.dtype() == DType::F32
+        && (w.dtype() == DType::F32 || (w.dtype() == DType::BF16 && !w.is_tracked()))
         && y.dims() == [n]
         && (if vocab_major { wd[1] } else { wd[0] }) == d;
     if !ok {
@@ -158,7 +159,12 @@ fn run(
     want: (bool, bool),
 ) -> (FlexTensor, Option<FlexTensor>, Option<FlexTensor>) {
     let (h, w) = (dense(h), dense(w));
-    let (hs, ws) = (h.storage::<f32>(), w.storage::<f32>());
+    let hs = h.storage::<f32>();
+    // A frozen table may be bf16 (LoRA's base weights): widened a block at a time.
+    let wm = match w.dtype() {
+        DType::BF16 => Matrix::Bf16(w.storage::<half::bf16>()),
+        _ => Matrix::F32(w.storage::<f32>()),
+    };
     let ws_shape = w.layout().shape().clone();
     let d = h.layout().shape()[1];
     let n = h.layout().shape()[0];
@@ -168,9 +174,7 @@ fn run(
         ws_shape[1]
     };
     let targets = int_values(y);
-    // `W` as the `[d, v]` right operand of the logits, and `W^T` as the `[v, d]` one of `dH`.
-    let (w_rs, w_cs) = if vocab_major { (1, d) } else { (v, 1) };
-    let (wt_rs, wt_cs) = (w_cs, w_rs);
+    let w_dims = [ws_shape[0], ws_shape[1]];
 
     let grads = want.0 || want.1;
     let mut dh = vec![0.0f32; if want.0 { n * d } else { 0 }];
@@ -183,12 +187,13 @@ fn run(
         let m = rows.min(n - start);
         let hc = &hs[start * d..(start + m) * d];
         let lc = &mut logits[..m * v];
-        mm(
+        // Logits `H_c @ W` ([d, v] operand: the table transposed when vocab-major).
+        mm_matrix(
             m,
-            v,
-            d,
             (hc, d, 1),
-            (ws, w_rs, w_cs),
+            wm,
+            w_dims,
+            vocab_major,
             (lc, v),
             false,
             Threads::All,
@@ -203,12 +208,13 @@ fn run(
         loss += nll.iter().map(|&x| f64::from(x)).sum::<f64>();
         if want.0 {
             let dhc = &mut dh[start * d..(start + m) * d];
-            mm(
+            // dH_c = C @ W^T ([v, d] operand: the table itself when vocab-major).
+            mm_matrix(
                 m,
-                d,
-                v,
                 (lc, v, 1),
-                (ws, wt_rs, wt_cs),
+                wm,
+                w_dims,
+                !vocab_major,
                 (dhc, d),
                 false,
                 Threads::All,

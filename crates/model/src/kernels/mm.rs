@@ -154,3 +154,213 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
         (rows - 1) * rs + (cols - 1) * cs + 1
     }
 }
+
+/// A weight matrix stored row-major `[rows, cols]`: f32, read in place, or bf16 (frozen weights
+/// kept at half the bytes), widened to f32 one block at a time for `gemm`, which computes in
+/// f32 only.
+#[derive(Clone, Copy)]
+pub(crate) enum Matrix<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [half::bf16]),
+}
+
+/// f32 elements per widened block: 8 MB, so that a block `gemm` packs from is still in the
+/// last-level cache after it was written.
+const WIDEN_BLOCK: usize = 1 << 21;
+
+/// Above this reduction length a bf16 product is blocked along the reduction axis (the
+/// destination accumulates) rather than along its output axis: a `[k, 16]` block of a very long
+/// `k` (the vocabulary of the LM head's input gradient) would make `gemm` run far below its peak.
+const REDUCTION_LIMIT: usize = 16_384;
+
+/// `c (+)= a @ op(w)` for `a: [m, k]` (as in [`mm`]) and `w` stored `[rows, cols]`, where
+/// `op(w)` is `w` (`k = rows`, `n = cols`) or, when `transposed`, `w^T` (`k = cols`,
+/// `n = rows`). `c: [m, n]` at row stride `c_rs`; `accumulate` adds to what it holds.
+///
+/// A bf16 `w` is widened block by block into one scratch buffer: along the output axis (each
+/// block writes its own columns of `c`) unless the reduction is longer than
+/// [`REDUCTION_LIMIT`], then along the reduction axis (each block adds its share to `c`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mm_matrix(
+    m: usize,
+    a: (&[f32], usize, usize),
+    w: Matrix<'_>,
+    shape: [usize; 2],
+    transposed: bool,
+    c: (&mut [f32], usize),
+    accumulate: bool,
+    threads: Threads,
+) {
+    let blocking = (WIDEN_BLOCK, REDUCTION_LIMIT);
+    mm_matrix_blocked(m, a, w, shape, transposed, c, accumulate, threads, blocking);
+}
+
+/// [`mm_matrix`] with its block size and reduction limit as arguments (the tests make them
+/// small, to run every blocking on small matrices).
+#[allow(clippy::too_many_arguments)]
+fn mm_matrix_blocked(
+    m: usize,
+    a: (&[f32], usize, usize),
+    w: Matrix<'_>,
+    [rows, cols]: [usize; 2],
+    transposed: bool,
+    (c, c_rs): (&mut [f32], usize),
+    accumulate: bool,
+    threads: Threads,
+    (widen_block, reduction_limit): (usize, usize),
+) {
+    let (k, n) = if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    };
+    let w = match w {
+        Matrix::F32(w) => {
+            let b = if transposed {
+                (w, 1, cols)
+            } else {
+                (w, cols, 1)
+            };
+            return mm(m, n, k, a, b, (c, c_rs), accumulate, threads);
+        }
+        Matrix::Bf16(w) => w,
+    };
+    assert!(w.len() >= rows * cols, "weight out of bounds");
+    let (a, a_rs, a_cs) = a;
+    // Block along W's rows (`true`) or columns, and whether that axis is the output one.
+    let along_output = k <= reduction_limit;
+    let by_rows = along_output == transposed;
+    let (axis_len, other) = if by_rows { (rows, cols) } else { (cols, rows) };
+    let block = (widen_block / other.max(1)).max(16).min(axis_len.max(1));
+    let mut scratch = vec![0.0f32; block * other];
+    for start in (0..axis_len).step_by(block) {
+        let len = block.min(axis_len - start);
+        // The block as a dense `[r, s]` matrix: rows start..start+len of W (s = cols), or its
+        // columns start..start+len (r = rows, s = len).
+        let (r, s) = if by_rows { (len, cols) } else { (rows, len) };
+        let dst = &mut scratch[..r * s];
+        widen(w, cols, by_rows, start, len, dst);
+        // `op(W)`'s block as `[k_b, n_b]` with its strides: a block of rows of W is `[len, cols]`
+        // (`W` rows, `W^T` columns), a block of columns `[rows, len]`.
+        let b = if transposed {
+            (&*dst, 1, s)
+        } else {
+            (&*dst, s, 1)
+        };
+        if along_output {
+            mm(
+                m,
+                len,
+                k,
+                (a, a_rs, a_cs),
+                b,
+                (&mut c[start..], c_rs),
+                accumulate,
+                threads,
+            );
+        } else {
+            mm(
+                m,
+                n,
+                len,
+                (&a[start * a_cs..], a_rs, a_cs),
+                b,
+                (&mut *c, c_rs),
+                accumulate || start > 0,
+                threads,
+            );
+        }
+    }
+}
+
+/// Rows `start..start + len` of the bf16 `w` (row length `cols`) when `by_rows`, else those
+/// columns of every row, into `dst` as a dense f32 matrix. A bf16 is the high half of an f32's
+/// bits, so widening is exact.
+fn widen(w: &[half::bf16], cols: usize, by_rows: bool, start: usize, len: usize, dst: &mut [f32]) {
+    use rayon::prelude::*;
+    let run = if by_rows { cols } else { len };
+    dst.par_chunks_mut(run.max(1))
+        .enumerate()
+        .for_each(|(i, out)| {
+            let from = if by_rows {
+                (start + i) * cols
+            } else {
+                i * cols + start
+            };
+            for (o, v) in out.iter_mut().zip(&w[from..from + run]) {
+                *o = f32::from_bits(u32::from(v.to_bits()) << 16);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| ((i * 2_654_435_761 + seed * 40_503) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// Every blocking of a bf16 weight (output or reduction axis, rows or columns of `w`, one
+    /// block or several, a short last block) equals the f32 product of the same rounded
+    /// weight, accumulating or not.
+    #[test]
+    fn bf16_weight_products_equal_the_f32_product_of_the_rounded_weight() {
+        let (m, rows, cols) = (7, 37, 53);
+        let w: Vec<half::bf16> = values(rows * cols, 1)
+            .into_iter()
+            .map(half::bf16::from_f32)
+            .collect();
+        let wide: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        for transposed in [false, true] {
+            let (k, n) = if transposed {
+                (cols, rows)
+            } else {
+                (rows, cols)
+            };
+            let a = values(m * k, 2);
+            let start = values(m * n, 3);
+            for blocking in [(1 << 20, 1 << 20), (64 * 16, 1 << 20), (64 * 16, 8)] {
+                for accumulate in [false, true] {
+                    let mut expected = start.clone();
+                    mm_matrix_blocked(
+                        m,
+                        (&a, k, 1),
+                        Matrix::F32(&wide),
+                        [rows, cols],
+                        transposed,
+                        (&mut expected, n),
+                        accumulate,
+                        Threads::All,
+                        blocking,
+                    );
+                    let mut found = start.clone();
+                    mm_matrix_blocked(
+                        m,
+                        (&a, k, 1),
+                        Matrix::Bf16(&w),
+                        [rows, cols],
+                        transposed,
+                        (&mut found, n),
+                        accumulate,
+                        Threads::All,
+                        blocking,
+                    );
+                    let diff = expected
+                        .iter()
+                        .zip(&found)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(
+                        diff <= 1e-6 * k as f32,
+                        "transposed={transposed} blocking={blocking:?} accumulate={accumulate}: \
+                         {diff}"
+                    );
+                }
+            }
+        }
+    }
+}

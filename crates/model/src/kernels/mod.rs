@@ -176,6 +176,16 @@ impl Elements {
     pub(crate) fn f32(&self) -> &[f32] {
         &self.tensor.storage::<f32>()[self.range.clone()]
     }
+
+    /// The elements of an f32 or bf16 weight.
+    pub(crate) fn matrix(&self) -> mm::Matrix<'_> {
+        match self.tensor.dtype() {
+            burn::tensor::DType::BF16 => {
+                mm::Matrix::Bf16(&self.tensor.storage::<half::bf16>()[self.range.clone()])
+            }
+            _ => mm::Matrix::F32(self.f32()),
+        }
+    }
 }
 
 /// The values of an Int tensor (i64 or i32 here: targets, expert ids) as i64.
