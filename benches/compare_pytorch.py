@@ -13,8 +13,22 @@ configs/bench-lora-0.6b.toml), full fine-tuning (AdamW, clip 1.0), and greedy de
 tokens after a 128-token prompt (HF generate vs `bench generate`), with the peak RSS of each
 process (ru_maxrss of the PyTorch child; `peak_rss_mb` of ours).
 
+`--shapes` picks the real suite's jobs (comma list; default `0.6b`, the jobs above): `1.7b` and
+`4b` time LoRA on the Qwen3-1.7B / Qwen3-4B shapes of issue 27 (configs/bench-lora-1.7b.toml,
+configs/bench-lora-4b.toml: random weights, rows of 1 x 512, r=8 / alpha 16 on the seven
+projections, AdamW, clip 1.0; ours keeps the frozen base in bf16) against two PEFT runs of the
+same Qwen3ForCausalLM: the whole model in f32, and the frozen base built in bf16 (`dtype=
+torch.bfloat16`, the usual way of loading a base for PEFT) with the adapters in f32. Each round
+runs ours / PEFT f32 / PEFT bf16, each in its own process (peak RSS per job); the summary has a
+table per shape with ours / PEFT f32 for speed and for peak RSS. PEFT f32 on 4b (16 GB of f32
+weights) runs only with `--torch-4b-f32`; `--no-torch-bf16 [SHAPES]` skips the bf16-base PEFT run
+(for all shapes, or for the listed ones). A job that fails (e.g. killed for memory) is reported
+and the rest go on.
+
     python benches/compare_pytorch.py [--rounds 3] [--steps 5] [--configs ...]
     python benches/compare_pytorch.py --suite real [--rounds 2]
+    python benches/compare_pytorch.py --suite real --shapes 1.7b [--rounds 2] [--no-torch-bf16]
+    python benches/compare_pytorch.py --suite real --shapes 4b [--rounds 1] [--torch-4b-f32] [--no-torch-bf16]
 
 Prints one line per measurement and a summary with the ratios ours / PyTorch (> 1 = we are
 faster in tokens/s) and the machine load (1-minute load average) before each measurement.
@@ -36,6 +50,12 @@ BIN = os.environ.get("QWEN_BURN_BIN", os.path.join(os.environ.get("CARGO_TARGET_
 
 
 ATTN = "sdpa"
+# Real-suite LoRA shapes (`--shapes`): 0.6b runs the issue-13 jobs (LoRA, full fine-tuning,
+# generation); the others run LoRA only, against PEFT with an f32 and with a bf16 base.
+LORA_SHAPES = {"0.6b": "configs/bench-lora-0.6b.toml", "1.7b": "configs/bench-lora-1.7b.toml",
+               "4b": "configs/bench-lora-4b.toml"}
+# Shapes whose PEFT f32 run is skipped unless --torch-4b-f32 (weights alone 16 GB in f32).
+F32_GUARDED = {"4b"}
 
 
 def rss_mb():
@@ -47,7 +67,10 @@ def load():
     return os.getloadavg()[0]
 
 
-def hf_model(cfg):
+def hf_model(cfg, dtype=None):
+    """The config's architecture, randomly initialised; `dtype` (dense only) builds the weights
+    directly in that dtype, as `from_pretrained(..., dtype=...)` would, so that no f32 copy ever
+    exists (it would count in the peak RSS)."""
     m = dict(cfg["model"])
     moe = m.pop("model_type") == "qwen3_moe"
     common = dict(vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], intermediate_size=m["intermediate_size"],
@@ -65,17 +88,24 @@ def hf_model(cfg):
             return Qwen3MoeForCausalLM(c, experts_implementation="eager") if False else Qwen3MoeForCausalLM(c)
         except TypeError:
             return Qwen3MoeForCausalLM(c)
+    if dtype is not None:
+        try:
+            return Qwen3ForCausalLM._from_config(Qwen3Config(**common), dtype=dtype)
+        except TypeError:  # older transformers spell it torch_dtype
+            return Qwen3ForCausalLM._from_config(Qwen3Config(**common), torch_dtype=dtype)
     return Qwen3ForCausalLM(Qwen3Config(**common))
 
 
-def torch_train(cfg, steps, warmup, lora=False):
+def torch_train(cfg, steps, warmup, lora=False, base_dtype=None):
+    """Times AdamW steps; with `lora`, PEFT LoRA on the config's targets, the base built in
+    `base_dtype` (None: f32) and the adapters in f32 (PEFT's autocast_adapter_dtype)."""
     torch.manual_seed(0)
-    model = hf_model(cfg)
+    model = hf_model(cfg, dtype=base_dtype)
     if lora:
         from peft import LoraConfig, get_peft_model
         lc = cfg["lora"]
         model = get_peft_model(model, LoraConfig(r=lc["rank"], lora_alpha=lc["alpha"], lora_dropout=0.0,
-                                                 target_modules=lc["targets"]))
+                                                 target_modules=lc["targets"]), autocast_adapter_dtype=True)
     model.train()
     o = cfg["optimizer"]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -95,7 +125,12 @@ def torch_train(cfg, steps, warmup, lora=False):
         if i >= warmup:
             times.append(time.perf_counter() - start)
     med = statistics.median(times)
-    return {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3, "peak_rss_mb": rss_mb()}
+    res = {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3, "peak_rss_mb": rss_mb()}
+    if lora:
+        res["trainable_params"] = sum(p.numel() for p in params)
+        res["adapter_dtypes"] = sorted({str(p.dtype) for p in params})
+        res["base_dtypes"] = sorted({str(p.dtype) for p in model.parameters() if not p.requires_grad})
+    return res
 
 
 def ours_train(path, steps, warmup, replicas=1, batch_size=None, sets=()):
@@ -161,16 +196,30 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--suite", choices=["small", "real"], default="small")
-    ap.add_argument("--torch-job", choices=["train", "lora", "generate"], help=argparse.SUPPRESS)
+    ap.add_argument("--shapes", default="0.6b",
+                    help=f"real suite: comma list of {','.join(LORA_SHAPES)} (default 0.6b: the issue-13 jobs; "
+                         "1.7b / 4b: LoRA vs PEFT f32 and PEFT with a bf16 base)")
+    ap.add_argument("--no-torch-bf16", nargs="?", const="all", default="", metavar="SHAPES",
+                    help="real suite: skip the PEFT run with a bf16 base, for all shapes or for the comma-listed ones")
+    ap.add_argument("--torch-4b-f32", action="store_true",
+                    help="real suite: also run PEFT with an f32 base on 4b (16 GB of f32 weights; skipped otherwise)")
+    ap.add_argument("--torch-job", choices=["train", "lora", "lora_bf16", "generate"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
+    no_bf16 = [x.strip() for x in args.no_torch_bf16.split(",") if x.strip()]
+    for x in args.shapes + [x for x in no_bf16 if x != "all"]:
+        if x not in LORA_SHAPES:
+            ap.error(f"unknown shape {x!r}; known: {', '.join(LORA_SHAPES)}")
+    args.no_torch_bf16 = set(LORA_SHAPES) if "all" in no_bf16 else set(no_bf16)
     torch.set_num_threads(args.threads)
     if args.torch_job:
         with open(os.path.join(ROOT, args.configs[0]), "rb") as f:
             cfg = tomllib.load(f)
-        if args.torch_job in ("train", "lora"):
+        if args.torch_job in ("train", "lora", "lora_bf16"):
             if args.torch_job == "train" and args.suite == "real":
                 cfg["training"].update(batch_size=1, seq_len=256)
-            print(json.dumps(torch_train(cfg, args.steps, args.warmup, lora=args.torch_job == "lora")))
+            print(json.dumps(torch_train(cfg, args.steps, args.warmup, lora=args.torch_job != "train",
+                                         base_dtype=torch.bfloat16 if args.torch_job == "lora_bf16" else None)))
         else:
             repeats = 2 if args.suite == "real" else 3
             print(json.dumps(torch_generate(cfg, args.prompt_len, args.new_tokens, repeats)))
@@ -215,16 +264,106 @@ def main():
     print(f"load average now {os.getloadavg()}")
 
 
+def attempt(fn):
+    """(result, None), or (None, why) when the job's process failed (e.g. killed for memory)."""
+    try:
+        return fn(), None
+    except subprocess.CalledProcessError as e:
+        why = f"exit {e.returncode}"
+        if e.returncode in (-9, 137):
+            why += " (SIGKILL: likely out of memory)"
+        tail = [l for l in (e.stderr or "").strip().splitlines() if l.strip()][-2:]
+        return None, why + (": " + " | ".join(tail) if tail else "")
+
+
+def lora_plan(shape, args):
+    """{side: None to run, or the reason it is skipped} for the 1.7b / 4b LoRA jobs."""
+    plan = {"qwen-burn": None, "peft-f32": None, "peft-bf16": None}
+    if shape in F32_GUARDED and not args.torch_4b_f32:
+        plan["peft-f32"] = f"skipped: f32 weights of {shape} are ~16 GB; pass --torch-4b-f32 to run it"
+    if shape in args.no_torch_bf16:
+        plan["peft-bf16"] = "skipped: --no-torch-bf16"
+    return plan
+
+
+def fmt_job(res, why):
+    if res is None:
+        return why
+    return (f"{res['tokens_per_sec']:.1f} tok/s ({res['step_ms_median']:.0f} ms/step) "
+            f"rss {res['peak_rss_mb']:.0f} MB")
+
+
+def lora_round(shape, r, args, results):
+    """One round of a 1.7b / 4b LoRA shape: ours, PEFT f32, PEFT bf16 base, each its own process."""
+    path = LORA_SHAPES[shape]
+    for side, why in lora_plan(shape, args).items():
+        l0 = load()
+        if why is None:
+            if side == "qwen-burn":
+                res, why = attempt(lambda: ours_train(path, args.steps, args.warmup))
+            else:
+                res, why = attempt(lambda: torch_job("lora" if side == "peft-f32" else "lora_bf16", path, args))
+            if why is not None:
+                why = f"FAILED, {why}"
+        else:
+            res = None
+        results[shape][side].append((res, why))
+        print(f"round {r} lora {shape}: {side:9s} {fmt_job(res, why)}" + (f" (load {l0:.2f})" if res is not None else ""),
+              flush=True)
+
+
+def lora_table(shape, args, entries):
+    with open(os.path.join(ROOT, LORA_SHAPES[shape]), "rb") as f:
+        base = tomllib.load(f)["lora"].get("base_dtype", "f32")
+    labels = {"qwen-burn": f"qwen-burn ({base} base)", "peft-f32": "PEFT (f32 base)", "peft-bf16": "PEFT (bf16 base)"}
+    print(f"\nLoRA {shape} ({LORA_SHAPES[shape]}; tokens/s and ms/step: medians over rounds; peak RSS: max)")
+    print(f"  {'side':24s} {'tokens/s':>9s} {'ms/step':>9s} {'peak RSS MB':>12s}  rounds")
+    med = {}
+    for side, label in labels.items():
+        ok = [res for res, _ in entries[side] if res is not None]
+        if ok:
+            med[side] = (statistics.median(x["tokens_per_sec"] for x in ok), max(x["peak_rss_mb"] for x in ok))
+            ms = statistics.median(x["step_ms_median"] for x in ok)
+            note = f"{len(ok)}/{len(entries[side])}"
+            dt = ok[0].get("base_dtypes")
+            if dt:
+                note += f"  base {','.join(dt)}, adapters {','.join(ok[0]['adapter_dtypes'])}"
+            print(f"  {label:24s} {med[side][0]:9.1f} {ms:9.0f} {med[side][1]:12.0f}  {note}")
+        else:
+            why = next((w for _, w in entries[side] if w), "no result")
+            print(f"  {label:24s} {'-':>9s} {'-':>9s} {'-':>12s}  {why}")
+    for other in ("peft-f32", "peft-bf16"):
+        if "qwen-burn" in med and other in med:
+            o, t = med["qwen-burn"], med[other]
+            print(f"  ours / {labels[other]}: speed {o[0] / t[0]:.2f}x (> 1 = ours faster), "
+                  f"peak RSS {o[1] / t[1]:.2f}x (< 1 = ours smaller)")
+        else:
+            missing = [x for x in ("qwen-burn", other) if x not in med]
+            why = "; ".join(f"{labels[x]}: {next((w for _, w in entries[x] if w), 'no result')}" for x in missing)
+            print(f"  ours / {labels[other]}: n/a ({why})")
+
+
 def real_suite(args):
-    """Issue 13: LoRA, full fine-tuning, prefill and decode on the Qwen3-0.6B shape."""
+    """Issue 13: LoRA, full fine-tuning, prefill and decode on the Qwen3-0.6B shape (`--shapes`
+    0.6b); issue 27: LoRA on the 1.7b / 4b shapes vs PEFT with an f32 and a bf16 base."""
     lora_cfg, full_cfg = "configs/bench-lora-0.6b.toml", "configs/qwen3-0.6b.toml"
     full_sets = ["training.batch_size=1", "training.seq_len=256", "training.grad_accum=1"]
     steps, warmup = args.steps, args.warmup
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, attention {ATTN}; qwen-burn binary {BIN}; "
-          f"{steps} timed steps after {warmup}", flush=True)
+          f"{steps} timed steps after {warmup}; shapes {','.join(args.shapes)}", flush=True)
+    big = [x for x in args.shapes if x != "0.6b"]
+    for shape in big:
+        for side, why in lora_plan(shape, args).items():
+            if why is not None:
+                print(f"lora {shape}: {side} {why}", flush=True)
+    results = {shape: {side: [] for side in lora_plan(shape, args)} for shape in big}
     rows = {k: ([], []) for k in ["lora", "full", "prefill", "decode", "decode_bf16"]}
     rss = {k: ([], []) for k in ["lora", "full", "decode"]}
     for r in range(args.rounds):
+        for shape in big:
+            lora_round(shape, r, args, results)
+        if "0.6b" not in args.shapes:
+            continue
         l0 = load()
         o = ours_train(lora_cfg, steps, warmup)
         l1 = load()
@@ -253,12 +392,15 @@ def real_suite(args):
         rows["decode"][0].append(o["decode_tokens_per_sec"]); rows["decode"][1].append(t["decode_tokens_per_sec"])
         rows["decode_bf16"][0].append(ob["decode_tokens_per_sec"]); rows["decode_bf16"][1].append(t["decode_tokens_per_sec"])
         rss["decode"][0].append(o["peak_rss_mb"]); rss["decode"][1].append(t["peak_rss_mb"])
-    print("\nsummary (medians; tokens/s; ratio = qwen-burn / PyTorch; decode_bf16 is ours with bf16 weights vs HF in f32)")
-    for k, (o, t) in rows.items():
-        line = f"  {k:12s} qwen-burn {statistics.median(o):8.2f}  pytorch {statistics.median(t):8.2f}  ratio {statistics.median(o) / statistics.median(t):.2f}"
-        if k in rss:
-            line += f"  peak RSS MB qwen-burn {max(rss[k][0]):.0f} pytorch {max(rss[k][1]):.0f}"
-        print(line)
+    for shape in big:
+        lora_table(shape, args, results[shape])
+    if "0.6b" in args.shapes:
+        print("\nsummary (medians; tokens/s; ratio = qwen-burn / PyTorch; decode_bf16 is ours with bf16 weights vs HF in f32)")
+        for k, (o, t) in rows.items():
+            line = f"  {k:12s} qwen-burn {statistics.median(o):8.2f}  pytorch {statistics.median(t):8.2f}  ratio {statistics.median(o) / statistics.median(t):.2f}"
+            if k in rss:
+                line += f"  peak RSS MB qwen-burn {max(rss[k][0]):.0f} pytorch {max(rss[k][1]):.0f}"
+            print(line)
     print(f"load average now {os.getloadavg()}")
 
 

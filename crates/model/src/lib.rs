@@ -36,7 +36,7 @@ pub use error::{ModelError, Result};
 pub use generate::{Generation, SamplingConfig, generate};
 pub use generation_config::{GenerationConfig, SamplingDefaults};
 pub use kv_cache::KvCache;
-pub use model::{ModelOutput, Qwen3ForCausalLM};
+pub use model::{LayerInputs, ModelOutput, Qwen3ForCausalLM};
 pub use moe::{
     RouterOutput, RouterStats, balancing_loss, load_balancing_loss, router_z_loss, selection_counts,
 };

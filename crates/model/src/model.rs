@@ -48,6 +48,15 @@ pub struct ModelOutput {
     pub routers: Vec<RouterOutput>,
 }
 
+/// What the decoder layers of one forward share: RoPE tables and the attention masks
+/// ([`Qwen3ForCausalLM::embed_for_layers`]).
+#[derive(Debug)]
+pub struct LayerInputs<'a> {
+    rope: RopeTables,
+    mask: Option<Tensor<4, Bool>>,
+    doc_mask: Option<DocumentMask<'a>>,
+}
+
 impl Qwen3ForCausalLM {
     /// A freshly initialised model (HF init: normal(0, initializer_range), norms at one).
     /// Initial values come from the device's RNG; use [`crate::init::init_weights`] for values
@@ -153,10 +162,43 @@ impl Qwen3ForCausalLM {
         docs: Option<&Documents>,
         mut cache: Option<&mut KvCache>,
     ) -> (Tensor<3>, Vec<RouterOutput>) {
+        let t = input_ids.dims()[1];
+        let past = cache.as_ref().map_or(0, |c| c.seq_len);
+        let LayerInputs {
+            rope,
+            mask,
+            doc_mask,
+        } = self.layer_inputs(&input_ids, attention_mask, docs, cache.as_deref_mut());
+
+        // 3. Embed and run the stack.
+        // Activations are f32 even when the table is stored in bf16.
+        let mut x = self.embed(input_ids);
+        let mut routers = Vec::new();
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
+            let (y, router) =
+                layer.forward(x, &rope, mask.as_ref(), doc_mask.as_ref(), layer_cache);
+            x = y;
+            routers.extend(router);
+        }
+        if let Some(c) = cache {
+            c.seq_len = past + t;
+        }
+        (self.model.norm.forward(x), routers)
+    }
+
+    /// What every decoder layer of one forward shares: steps 1 and 2 of
+    /// [`Self::forward_hidden`].
+    fn layer_inputs<'a>(
+        &self,
+        input_ids: &Tensor<2, Int>,
+        attention_mask: Option<Tensor<2, Bool>>,
+        docs: Option<&'a Documents>,
+        mut cache: Option<&mut KvCache>,
+    ) -> LayerInputs<'a> {
         let [b, t] = input_ids.dims();
         let device = input_ids.device();
         let past = cache.as_ref().map_or(0, |c| c.seq_len);
-
         // 1. RoPE tables for positions past..past+t, shared by all layers; packed rows: per-row
         //    tables of the positions inside each document.
         let rope = match docs {
@@ -187,21 +229,61 @@ impl Qwen3ForCausalLM {
             None => attention_mask.map(|m| causal_padding_mask(m, t)),
         };
 
-        // 3. Embed and run the stack.
-        // Activations are f32 even when the table is stored in bf16.
-        let mut x = widened(self.model.embed_tokens.forward(input_ids));
-        let mut routers = Vec::new();
-        for (i, layer) in self.model.layers.iter().enumerate() {
-            let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
-            let (y, router) =
-                layer.forward(x, &rope, mask.as_ref(), doc_mask.as_ref(), layer_cache);
-            x = y;
-            routers.extend(router);
+        LayerInputs {
+            rope,
+            mask,
+            doc_mask,
         }
-        if let Some(c) = cache {
-            c.seq_len = past + t;
-        }
-        (self.model.norm.forward(x), routers)
+    }
+
+    /// The embedded inputs and the layers' shared inputs of a training forward, for running the
+    /// stack one layer at a time ([`Self::layer`], then [`Self::final_norm`]): activation
+    /// checkpointing keeps each layer's input only and recomputes the layer in the backward.
+    /// `docs` as in [`Self::forward_hidden_packed`].
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[b, t]` -> `[b, t, hidden]`
+    pub fn embed_for_layers<'a>(
+        &self,
+        input_ids: Tensor<2, Int>,
+        attention_mask: Option<Tensor<2, Bool>>,
+        docs: Option<&'a Documents>,
+    ) -> (Tensor<3>, LayerInputs<'a>) {
+        let docs = docs.filter(|d| !d.is_single());
+        let inputs = self.layer_inputs(&input_ids, attention_mask, docs, None);
+        (self.embed(input_ids), inputs)
+    }
+
+    /// The token embeddings, in f32 (even from a bf16 table).
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[b, t]` -> `[b, t, hidden]`
+    pub fn embed(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
+        widened(self.model.embed_tokens.forward(input_ids))
+    }
+
+    /// Decoder layer `i` on `x`, as inside [`Self::forward_hidden`].
+    ///
+    /// # Shapes
+    /// - `x`: `[b, t, hidden]` -> `[b, t, hidden]`
+    pub fn layer(
+        &self,
+        i: usize,
+        x: Tensor<3>,
+        inputs: &LayerInputs<'_>,
+    ) -> (Tensor<3>, Option<RouterOutput>) {
+        self.model.layers[i].forward(
+            x,
+            &inputs.rope,
+            inputs.mask.as_ref(),
+            inputs.doc_mask.as_ref(),
+            None,
+        )
+    }
+
+    /// The final RMSNorm, after the last layer.
+    pub fn final_norm(&self, x: Tensor<3>) -> Tensor<3> {
+        self.model.norm.forward(x)
     }
 
     /// Project hidden states to vocabulary logits (tied: `h @ embed_tokens^T`).

@@ -81,6 +81,9 @@ pub fn bench_train(
 ) -> Result<Value> {
     let t = &config.training;
     set_fused_kernels(t.fused_kernels);
+    crate::step::set_activation_checkpointing(
+        t.activation_checkpointing == crate::config::ActivationCheckpointing::Layers,
+    );
     let model_config = &model_config_of(config)?;
     let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
     let device = replicas.main().clone();

@@ -10,7 +10,7 @@
 use qwen_burn_model::memory::{Estimate, human, memory_limit};
 use qwen_burn_model::{BackendKind, Qwen3Config};
 
-use crate::config::{BaseDtype, LoraConfig, LoraTarget, RunConfig};
+use crate::config::{ActivationCheckpointing, BaseDtype, LoraConfig, LoraTarget, RunConfig};
 use crate::error::{Result, TrainError};
 
 /// Bytes of one f32 value.
@@ -66,10 +66,20 @@ pub fn training_estimate(config: &RunConfig, model: &Qwen3Config, kind: BackendK
     // attention output and the MLP output (5 x hidden), q/k/v and the attention result, and the
     // MLP's gate, up and product.
     let per_layer = 5 * h + 2 * hq * hd + 2 * hkv * hd + 3 * inner;
-    estimate.push(
-        tokens * n(model.num_hidden_layers) * per_layer * F32,
-        "activations (training.batch_size x training.seq_len x num_hidden_layers x hidden_size)",
-    );
+    if t.activation_checkpointing == ActivationCheckpointing::Layers {
+        // Each layer's input, and one layer's activations at a time in the backward.
+        estimate.push(
+            tokens * (n(model.num_hidden_layers) * h + per_layer) * F32,
+            "activations (training.batch_size x training.seq_len x (num_hidden_layers x \
+             hidden_size + one layer's), training.activation_checkpointing = \"layers\")",
+        );
+    } else {
+        estimate.push(
+            tokens * n(model.num_hidden_layers) * per_layer * F32,
+            "activations (training.batch_size x training.seq_len x num_hidden_layers x \
+             hidden_size)",
+        );
+    }
     let fused = kind == BackendKind::Flex && t.fused_kernels;
     if fused {
         // The fused head + loss never forms the `[tokens, vocab]` logits: one row chunk.
@@ -173,7 +183,9 @@ pub fn check_training_memory(
     };
     let options = what_would_fit(config, model, kind, u128::from(available));
     let options = if options.is_empty() {
-        "none of LoRA, bf16 base weights or smaller batches would make it fit".to_string()
+        "none of LoRA, bf16 base weights, activation checkpointing or smaller batches would \
+         make it fit"
+            .to_string()
     } else {
         format!("it would fit with {}", options.join("; or "))
     };
@@ -184,8 +196,8 @@ pub fn check_training_memory(
 }
 
 /// The config changes, one at a time, whose estimate fits in `available` bytes: LoRA instead of
-/// full training, bf16 base weights, the largest `training.batch_size` or `training.seq_len`
-/// that fits.
+/// full training, bf16 base weights, activation checkpointing, the largest
+/// `training.batch_size` or `training.seq_len` that fits.
 pub fn what_would_fit(
     config: &RunConfig,
     model: &Qwen3Config,
@@ -244,6 +256,13 @@ pub fn what_would_fit(
         Some(_) => {}
     }
     let t = &config.training;
+    if t.activation_checkpointing == ActivationCheckpointing::None {
+        let mut c = config.clone();
+        c.training.activation_checkpointing = ActivationCheckpointing::Layers;
+        if fits(&c) {
+            options.push("training.activation_checkpointing = \"layers\"".to_string());
+        }
+    }
     let largest = |mut value: usize, set: &dyn Fn(&mut RunConfig, usize)| {
         let mut c = config.clone();
         while value > 1 {

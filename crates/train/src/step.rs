@@ -8,8 +8,10 @@
 //! `global_batch`, whose `aux` is exactly the loss of the whole step's tokens (see
 //! [`forward_backward_part`]). The router terms enter only with `output_router_logits` (HF).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex};
 
+use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use qwen_burn_data::Batch;
@@ -235,9 +237,121 @@ pub(crate) fn read_scalar(t: Tensor<1>) -> Result<f64> {
         .map_err(|e| TrainError::Device(format!("{e:?}")))
 }
 
-/// A forward pass kept for its backward: output, targets, padding mask.
-/// One forward's summed cross-entropy, router outputs and padding mask.
-type Forward = (Tensor<1>, Vec<RouterOutput>, Option<Tensor<2, Bool>>);
+/// One forward kept for its backward: its summed cross-entropy, router outputs and padding
+/// mask, and under activation checkpointing what the layer-by-layer backward needs.
+struct Forward {
+    ce_sum: Tensor<1>,
+    routers: Vec<RouterOutput>,
+    mask: Option<Tensor<2, Bool>>,
+    stack: Option<Stack>,
+}
+
+/// A forward run with activation checkpointing: the decoder stack ran without a graph, keeping
+/// only each layer's input; the final norm, the head and the loss ran with one, from a leaf
+/// standing for the last layer's output (`last`), and the router losses from leaves standing
+/// for each MoE layer's router logits (the `logits` of `Forward::routers`).
+struct Stack {
+    /// Inputs of layers `0..L` (no autodiff).
+    inputs: Vec<Tensor<3>>,
+    /// The leaf the final norm reads.
+    last: Tensor<3>,
+}
+
+static CHECKPOINT_LAYERS: AtomicBool = AtomicBool::new(false);
+
+/// Activation checkpointing of the decoder layers (`training.activation_checkpointing =
+/// "layers"`), process-wide like the fused-kernel switch: each layer's activations are
+/// recomputed in the backward instead of being kept from the forward. Off by default.
+pub fn set_activation_checkpointing(on: bool) {
+    CHECKPOINT_LAYERS.store(on, Ordering::Relaxed);
+}
+
+/// Whether [`set_activation_checkpointing`] is on.
+pub fn activation_checkpointing() -> bool {
+    CHECKPOINT_LAYERS.load(Ordering::Relaxed)
+}
+
+/// [`forward_ce_sum`] with activation checkpointing ([`Stack`]): the stack runs on the model
+/// without autodiff (the same kernels, so the same values), keeping each layer's input.
+fn forward_checkpointed(
+    model: &Qwen3ForCausalLM,
+    inner: &Qwen3ForCausalLM,
+    batch: &Batch,
+    device: &Device,
+) -> Result<Forward> {
+    let (_, targets, mask) = batch_tensors(batch, device);
+    let (inputs_inner, _, mask_inner) = batch_tensors(batch, &device.clone().inner());
+    let docs = batch_documents(batch)?;
+    let (mut x, layer_inputs) = inner.embed_for_layers(inputs_inner, mask_inner, docs.as_ref());
+    let layers = inner.config.num_hidden_layers;
+    let mut inputs = Vec::with_capacity(layers);
+    let mut routers = Vec::new();
+    for i in 0..layers {
+        inputs.push(x.clone());
+        let (y, router) = inner.layer(i, x, &layer_inputs);
+        x = y;
+        routers.extend(router.map(|r| RouterOutput {
+            logits: Tensor::from_inner(r.logits).require_grad(),
+            ..r
+        }));
+    }
+    let last = Tensor::from_inner(x).require_grad();
+    let hidden = model.final_norm(last.clone());
+    Ok(Forward {
+        ce_sum: model.head_cross_entropy_sum(hidden, targets),
+        routers,
+        mask,
+        stack: Some(Stack { inputs, last }),
+    })
+}
+
+/// The backward of a checkpointed forward, after the loss's own (`grads`, which reached the
+/// head, the final norm, `stack.last` and the router-logit leaves): layer by layer from the
+/// last, each recomputed from its kept input with a graph, then differentiated against the
+/// gradient of its output (and of its router logits, for the router losses); then the
+/// embedding. Each part's parameter gradients go to `accumulator`.
+fn backward_checkpointed(
+    model: &Qwen3ForCausalLM,
+    batch: &Batch,
+    device: &Device,
+    stack: Stack,
+    routers: &[RouterOutput],
+    grads: burn::tensor::Gradients,
+    accumulator: &mut GradientsAccumulator<Qwen3ForCausalLM>,
+) -> Result<()> {
+    let missing = || {
+        TrainError::Other(
+            "activation checkpointing: no gradient reached the last layer's output".into(),
+        )
+    };
+    let mut dy = stack.last.grad(&grads).ok_or_else(missing)?;
+    let mut router_grads: Vec<Option<Tensor<2>>> =
+        routers.iter().map(|r| r.logits.grad(&grads)).collect();
+    accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+
+    let (inputs, _, mask) = batch_tensors(batch, device);
+    let docs = batch_documents(batch)?;
+    let (embedded, layer_inputs) = model.embed_for_layers(inputs, mask, docs.as_ref());
+    for (i, x) in stack.inputs.into_iter().enumerate().rev() {
+        let x = Tensor::from_inner(x).require_grad();
+        let (y, router) = model.layer(i, x.clone(), &layer_inputs);
+        let mut surrogate = (y * dy).sum();
+        if let Some(router) = router {
+            // MoE layers are counted from the top: the last router's gradient is the last one.
+            if let Some(Some(g)) = router_grads.pop() {
+                surrogate = surrogate + (router.logits * g).sum();
+            }
+        }
+        let grads = surrogate.backward();
+        dy = x.grad(&grads).ok_or_else(missing)?;
+        accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+    }
+    if embedded.is_tracked() {
+        let grads = (embedded * dy).sum().backward();
+        accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+    }
+    Ok(())
+}
 
 /// Where the replicas of one step meet for `global_batch`: each adds the selection counts of
 /// its micro-batches, and all continue with the step's totals.
@@ -328,8 +442,27 @@ pub fn forward_backward_part(
 
     // The loss's cross-entropy is formed with the forward (the fused head kernel computes its
     // gradients there); the router losses wait for the step's fractions under `global_batch`.
-    let forward = |batch: &Batch| forward_ce_sum(model, batch, device);
-    let mut backward = |(ce_sum, routers, mask): Forward,
+    let inner = activation_checkpointing().then(|| model.valid());
+    let forward = |batch: &Batch| -> Result<Forward> {
+        match &inner {
+            Some(inner) => forward_checkpointed(model, inner, batch, device),
+            None => {
+                let (ce_sum, routers, mask) = forward_ce_sum(model, batch, device)?;
+                Ok(Forward {
+                    ce_sum,
+                    routers,
+                    mask,
+                    stack: None,
+                })
+            }
+        }
+    };
+    let mut backward = |Forward {
+                            ce_sum,
+                            routers,
+                            mask,
+                            stack,
+                        }: Forward,
                         batch: &Batch,
                         router_weight: f64,
                         fractions: Option<&[Vec<f64>]>|
@@ -374,8 +507,19 @@ pub fn forward_backward_part(
             }
         }
         ce_total += read_scalar(parts.ce_sum)?;
-        let grads = GradientsParams::from_grads(parts.loss.backward(), model);
-        accumulator.accumulate(model, grads);
+        let grads = parts.loss.backward();
+        match stack {
+            Some(stack) => backward_checkpointed(
+                model,
+                batch,
+                device,
+                stack,
+                &routers,
+                grads,
+                &mut accumulator,
+            )?,
+            None => accumulator.accumulate(model, GradientsParams::from_grads(grads, model)),
+        }
         Ok(())
     };
 
@@ -389,7 +533,7 @@ pub fn forward_backward_part(
         let forwards: Vec<Forward> = batches.iter().map(forward).collect::<Result<_>>()?;
         let mut counts = Vec::new();
         let mut tokens = 0.0;
-        for (_, routers, mask) in &forwards {
+        for Forward { routers, mask, .. } in &forwards {
             let logits: Vec<_> = routers.iter().map(|r| r.logits.clone()).collect();
             let mask_f = mask.as_ref().map(|m| m.clone().float());
             let (c, t) = selection_counts(&logits, top_k, mask_f.as_ref());

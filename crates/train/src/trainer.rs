@@ -82,6 +82,9 @@ pub struct RunSummary {
 /// their work with it instead of handing it off (`qwen_burn_model::kernels::in_pool`).
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     set_fused_kernels(config.training.fused_kernels);
+    crate::step::set_activation_checkpointing(
+        config.training.activation_checkpointing == crate::config::ActivationCheckpointing::Layers,
+    );
     in_pool(|| train_here(config, opts))
 }
 

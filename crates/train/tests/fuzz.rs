@@ -91,6 +91,7 @@ const KEYS: &[&str] = &[
     "on_nonfinite",
     "parallel",
     "fused_kernels",
+    "activation_checkpointing",
     "interval",
     "keep_last",
     "peak_tflops",

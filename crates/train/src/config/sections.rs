@@ -304,6 +304,21 @@ pub struct TrainingConfig {
     /// Use the fused Flex kernels (`qwen_burn_model::kernels`); `false` runs the composed Burn
     /// ops they replace, for A/B runs and debugging. Other backends always run the composed ops.
     pub fused_kernels: bool,
+    /// `"layers"`: keep only each decoder layer's input from the forward and recompute the
+    /// layer in the backward (less memory, one more forward of the stack per step); `"none"`
+    /// (default) keeps every activation.
+    pub activation_checkpointing: ActivationCheckpointing,
+}
+
+/// `training.activation_checkpointing`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationCheckpointing {
+    /// Keep every activation.
+    #[default]
+    None,
+    /// Recompute each decoder layer in the backward from its kept input.
+    Layers,
 }
 
 impl Default for TrainingConfig {
@@ -324,6 +339,7 @@ impl Default for TrainingConfig {
             on_nonfinite: OnNonFinite::Stop,
             parallel: ParallelStrategy::Auto,
             fused_kernels: true,
+            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 }
