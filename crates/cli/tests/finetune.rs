@@ -56,14 +56,16 @@ fn export_lora_finetune_and_export_again() {
     let (a, b) = (score(&base, &tokens), score(&hf, &tokens));
     assert_eq!(a.to_bits(), b.to_bits(), "checkpoint {a} vs exported {b}");
 
-    // 2. LoRA SFT from the HF directory, assistant-only loss.
+    // 2. LoRA SFT from the HF directory, assistant-only loss; the frozen base in f32, then in
+    //    bf16 (`lora.base_dtype`).
     let chat = chat_jsonl(tmp.path());
     let root = repo_root();
-    let lora_cfg = tmp.path().join("lora.toml");
-    std::fs::write(
-        &lora_cfg,
-        format!(
-            r#"[model]
+    for base_dtype in ["f32", "bf16"] {
+        let lora_cfg = tmp.path().join(format!("lora-{base_dtype}.toml"));
+        std::fs::write(
+            &lora_cfg,
+            format!(
+                r#"[model]
 from = "{hf}"
 [data]
 kind = "sft"
@@ -87,32 +89,72 @@ interval = 1
 rank = 4
 alpha = 8.0
 targets = ["q_proj", "v_proj"]
+base_dtype = "{base_dtype}"
 "#,
-            hf = hf.display(),
-            chat = chat.display(),
-            tok = root.join("datasets/tokenizer.json").display(),
-        ),
-    )
-    .unwrap();
-    let lora_run = tmp.path().join("lora");
-    ok(&qwen_burn(
-        &["train", "--config", s(&lora_cfg), "--run-dir", s(&lora_run)],
-        &[],
-    ));
-    let losses = train_losses(&lora_run);
-    assert_eq!(losses.len(), 4);
-    assert!(losses.iter().all(|(_, l)| l.is_finite()));
+                hf = hf.display(),
+                chat = chat.display(),
+                tok = root.join("datasets/tokenizer.json").display(),
+            ),
+        )
+        .unwrap();
+        let lora_run = tmp.path().join(format!("lora-{base_dtype}"));
+        ok(&qwen_burn(
+            &["train", "--config", s(&lora_cfg), "--run-dir", s(&lora_run)],
+            &[],
+        ));
+        let losses = train_losses(&lora_run);
+        assert_eq!(losses.len(), 4);
+        assert!(losses.iter().all(|(_, l)| l.is_finite()));
 
-    // 3. The LoRA checkpoint exported (adapters merged) scores like the checkpoint itself, and
-    //    differs from the base model (the adapters learned something).
-    let merged = tmp.path().join("merged");
-    ok(&qwen_burn(
-        &["export", "--checkpoint", s(&lora_run), "--out", s(&merged)],
-        &[],
-    ));
-    let m = score(&merged, &tokens);
-    assert_ne!(m.to_bits(), a.to_bits(), "LoRA training changed nothing");
-    merged_export_matches_the_unmerged_adapter_model(&lora_run, &merged);
+        // Resumed from its step-2 checkpoint, the run repeats steps 3 and 4 bit for bit.
+        let resumed = tmp.path().join(format!("lora-{base_dtype}-resumed"));
+        copy_dir(&lora_run, &resumed);
+        std::fs::remove_dir_all(resumed.join("checkpoints/step-00000004")).unwrap();
+        ok(&qwen_burn(
+            &[
+                "train",
+                "--config",
+                s(&lora_cfg),
+                "--run-dir",
+                s(&resumed),
+                "--resume",
+            ],
+            &[],
+        ));
+        let again = train_losses(&resumed);
+        assert_eq!(again.len(), 4, "{base_dtype}: {again:?}");
+        for ((step, a), (_, b)) in losses.iter().zip(&again) {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{base_dtype} step {step}: {a} vs {b}"
+            );
+        }
+
+        // 3. The LoRA checkpoint exported (adapters merged, into f32 weights) scores like the
+        //    checkpoint itself, and differs from the base model (the adapters learned something).
+        let merged = tmp.path().join(format!("merged-{base_dtype}"));
+        ok(&qwen_burn(
+            &["export", "--checkpoint", s(&lora_run), "--out", s(&merged)],
+            &[],
+        ));
+        let m = score(&merged, &tokens);
+        assert_ne!(m.to_bits(), a.to_bits(), "LoRA training changed nothing");
+        merged_export_matches_the_unmerged_adapter_model(&lora_run, &merged);
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
 }
 
 /// The trained LoRA model with its adapters live (not merged: the checkpoint loaded as training

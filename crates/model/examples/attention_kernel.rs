@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor};
+use qwen_burn_kernels::{causal_attention, in_pool};
 use qwen_burn_model::Documents;
-use qwen_burn_model::kernels::{causal_attention, in_pool};
 
 fn best(f: &dyn Fn()) -> f64 {
     f();

@@ -43,7 +43,7 @@ fn main() {
             s * 1e3
         );
     };
-    qwen_burn_model::kernels::in_pool(|| {
+    qwen_burn_kernels::in_pool(|| {
         run("x @ w", &|| x.clone().matmul(w.clone()));
         run("dy @ w^T (strided)", &|| {
             dy.clone().matmul(w.clone().transpose())

@@ -8,12 +8,12 @@ use burn::tensor::{Bool, Device, Tensor};
 
 use crate::config::Qwen3Config;
 use crate::documents::DocumentMask;
-use crate::kernels::{causal_attention, decode_attention};
 use crate::kv_cache::LayerCache;
 use crate::mlp::linear;
 use crate::projection::project;
 use crate::rms_norm::RmsNorm;
 use crate::rope::RopeTables;
+use qwen_burn_kernels::{causal_attention, decode_attention};
 
 /// Self-attention of one decoder layer; parameter names are the HF keys.
 #[derive(Module, Debug)]
@@ -111,7 +111,7 @@ impl Attention {
         };
 
         // Causal attention without padding, or within packed documents, on Flex: the fused
-        // kernel (GQA by index, no scores tensor; crate::kernels::causal_attention).
+        // kernel (GQA by index, no scores tensor; qwen_burn_kernels::causal_attention).
         if (mask.is_none() || docs.is_some())
             && let Some(out) = causal_attention(&q, &k, &v, scale as f32, docs.map(|d| d.starts()))
         {

@@ -151,7 +151,7 @@ fn last_logits(model: &Qwen3ForCausalLM, hidden: Tensor<3>) -> Result<Vec<f32>> 
 
 /// Generate up to `cfg.max_new_tokens` tokens after `prompt`, calling `on_token` for each.
 ///
-/// The loop runs on a thread of rayon's pool ([`crate::kernels::in_pool`]).
+/// The loop runs on a thread of rayon's pool ([`qwen_burn_kernels::in_pool`]).
 pub fn generate(
     model: &Qwen3ForCausalLM,
     prompt: &[u32],
@@ -159,7 +159,7 @@ pub fn generate(
     device: &Device,
     on_token: impl FnMut(u32) + Send,
 ) -> Result<Generation> {
-    crate::kernels::in_pool(|| generate_here(model, prompt, cfg, device, on_token))
+    qwen_burn_kernels::in_pool(|| generate_here(model, prompt, cfg, device, on_token))
 }
 
 fn generate_here(

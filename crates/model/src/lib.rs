@@ -6,7 +6,8 @@
 //! safetensors import/export), [`init`], [`generate`] (with [`generation_config`]), [`device`].
 //!
 //! One model code runs on every Burn backend: the device is a run-time value
-//! ([`device::device_from_name`]).
+//! ([`device::device_from_name`]). On Flex the hot operations run the fused kernels of the
+//! `qwen-burn-kernels` crate, each behind the composed Burn ops it replaces.
 
 pub mod attention;
 pub mod block;
@@ -17,7 +18,6 @@ pub mod error;
 pub mod generate;
 pub mod generation_config;
 pub mod init;
-pub mod kernels;
 pub mod kv_cache;
 pub mod loss;
 pub mod memory;

@@ -3,7 +3,7 @@
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use crate::kernels::cross_entropy_rows;
+use qwen_burn_kernels::cross_entropy_rows;
 
 /// HF's `ignore_index`: targets equal to it contribute nothing.
 pub const IGNORE_INDEX: i64 = -100;
@@ -50,7 +50,7 @@ fn value_and_coefficient(
 ) -> (Tensor<1>, Option<Tensor<2>>) {
     let [n, v] = z.dims();
     let device = z.device();
-    // Flex: one fused pass per row (crate::kernels::cross_entropy_rows); it treats its inputs
+    // Flex: one fused pass per row (qwen_burn_kernels::cross_entropy_rows); it treats its inputs
     // as constants, like the detached logits here.
     if let Some((nll, coefficient)) = cross_entropy_rows(&z, &y, want_coefficient) {
         let value = nll.sum();
@@ -91,19 +91,9 @@ fn value_and_coefficient(
     (value, Some(coefficient))
 }
 
-/// The textbook formulation, `-sum(log_softmax(z)[target])`, for tests and benchmarks.
-///
-/// # Shapes
-/// - `logits`: `[b, t, vocab]`, `targets`: `[b, t]` -> `[1]`
-pub fn cross_entropy_sum_reference(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
-    let [b, t, v] = logits.dims();
-    let targets = targets.reshape([b * t]);
-    let valid = targets.clone().greater_equal_elem(0).float(); // [n]
-    let safe = targets.clamp_min(0).reshape([b * t, 1]);
-    let logp = log_softmax(logits.reshape([b * t, v]), 1);
-    let nll = logp.gather(1, safe).reshape([b * t]).neg();
-    (nll * valid).sum()
-}
+/// The textbook formulation, `-sum(log_softmax(z)[target])` (the kernels crate's reference for
+/// its fused loss), for tests and benchmarks.
+pub use qwen_burn_kernels::cross_entropy_sum_reference;
 
 /// Per-position negative log-likelihood `[b, t]` (0 where the target is ignored), for
 /// evaluation: perplexity by position, per-document losses. Not for training (no fused gradient).

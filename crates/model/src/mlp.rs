@@ -35,7 +35,7 @@ impl Mlp {
             project(&self.gate_proj, x.clone()),
             project(&self.up_proj, x),
         );
-        let hidden = match crate::kernels::swiglu(&gate, &up) {
+        let hidden = match qwen_burn_kernels::swiglu(&gate, &up) {
             Some(h) => h,
             None => silu(gate) * up,
         };

@@ -7,7 +7,6 @@ use burn::tensor::{Bool, DType, Device, Int, Tensor};
 use crate::block::DecoderLayer;
 use crate::config::Qwen3Config;
 use crate::documents::{DocumentMask, Documents};
-use crate::kernels::{linear_cross_entropy, row_matmul};
 use crate::kv_cache::KvCache;
 use crate::loss::cross_entropy_sum;
 use crate::mlp::linear;
@@ -15,6 +14,7 @@ use crate::moe::RouterOutput;
 use crate::projection::{project, widened};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{RopeTables, rope_frequencies};
+use qwen_burn_kernels::{linear_cross_entropy, row_matmul};
 
 /// `Qwen3Model`: everything below the LM head. Paths match the HF `model.*` keys.
 #[derive(Module, Debug)]

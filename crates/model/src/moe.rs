@@ -7,7 +7,7 @@
 //! slots. Every step is a differentiable tensor op (`select`, `narrow`, `cat`, `select_assign`),
 //! so autodiff flows through it on every backend; the slot write-back has no duplicate indices,
 //! which keeps it deterministic on GPUs as well. On Flex, from 64 tokens up, the same computation
-//! runs as one fused operation with its own backward (`crate::kernels::moe_experts`).
+//! runs as one fused operation with its own backward (`qwen_burn_kernels::moe_experts`).
 //!
 //! With `router_capacity_factor` (training forwards only) each sequence caps every expert at
 //! that factor times its share of the sequence's slots, in position order, so balance holds
@@ -19,9 +19,9 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::config::{BalanceLoss, MoeConfig, Qwen3Config};
-use crate::kernels::{flex_training, moe_experts};
 use crate::mlp::{Mlp, linear};
 use crate::projection::project;
+use qwen_burn_kernels::{flex_training, moe_experts};
 
 /// Router plus experts of one MoE layer; parameter names are the HF keys.
 #[derive(Module, Debug)]

@@ -8,20 +8,12 @@
 //! Merging (`Module::materialize`) stays for export and inference.
 
 use burn::nn::Linear;
+use burn::tensor::Tensor;
 use burn::tensor::module::linear;
-use burn::tensor::{DType, Tensor};
 
-use crate::kernels::{linear_rows, row_matmul};
+use qwen_burn_kernels::{linear_rows, row_matmul};
 
-/// `w` in f32: weights stored in bf16 for inference (`Qwen3ForCausalLM::with_bf16_weights`) are
-/// widened for a multi-row product (prefill, scoring); single rows read them as they are.
-pub(crate) fn widened<const D: usize>(w: Tensor<D>) -> Tensor<D> {
-    if w.dtype() == DType::F32 {
-        w
-    } else {
-        w.cast(DType::F32)
-    }
-}
+pub(crate) use qwen_burn_kernels::widened;
 
 /// `x @ W + b` of a Burn `Linear` (weight `[d_in, d_out]`), with an attached LoRA adapter
 /// applied in factored form.

@@ -32,7 +32,7 @@ impl RmsNorm {
     /// - `x`: `[..., size]` -> `[..., size]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();
-        if let Some(y) = crate::kernels::rms_norm(&x, &self.weight.val(), self.eps) {
+        if let Some(y) = qwen_burn_kernels::rms_norm(&x, &self.weight.val(), self.eps) {
             return y;
         }
         let x32 = if dtype == DType::F32 {

@@ -220,9 +220,9 @@ impl RopeTables {
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         let [_, _, t, dim] = x.dims();
         let rows = self.cos.dims()[0];
-        // Flex: one pass each way through the strided input (crate::kernels::rope).
+        // Flex: one pass each way through the strided input (qwen_burn_kernels::rope).
         let table = |m: &Tensor<4>| m.clone().reshape([rows, t, dim]);
-        if let Some(y) = crate::kernels::rope(&x, &table(&self.cos), &table(&self.sin)) {
+        if let Some(y) = qwen_burn_kernels::rope(&x, &table(&self.cos), &table(&self.sin)) {
             return y;
         }
         let half = dim / 2;

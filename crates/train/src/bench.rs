@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
+use qwen_burn_kernels::{in_pool, set_fused_kernels};
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::kernels::{in_pool, set_fused_kernels};
 use qwen_burn_model::{DeviceSet, Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

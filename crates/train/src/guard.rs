@@ -39,7 +39,9 @@ struct Finder<'a> {
 impl Finder<'_> {
     fn tensor<const D: usize>(&self, param: &Param<Tensor<D>>) -> Option<Tensor<D>> {
         match &self.source {
-            Source::Weights => Some(param.val()),
+            // The stored values: LoRA factors are parameters of their own, visited after their
+            // base (no merged copy is formed); a bf16 base is widened, one matrix at a time.
+            Source::Weights => Some(qwen_burn_kernels::widened(param.base())),
             Source::Grads(grads) => grads.get::<D>(param.id),
         }
     }

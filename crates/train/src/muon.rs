@@ -17,7 +17,7 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::{Momentum, MomentumConfig};
 use burn::optim::{AdjustLrFn, Muon, MuonConfig, MuonState, Optimizer};
 use burn::tensor::{Device, Tensor};
-use qwen_burn_model::kernels::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
+use qwen_burn_kernels::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
 
 use crate::config::{AdjustLr, OptimizerConfig};
 

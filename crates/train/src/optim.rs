@@ -7,9 +7,9 @@ use burn::optim::{
     Optimizer,
 };
 use burn::tensor::{Device, Tensor, TensorData};
+use qwen_burn_kernels::{AdamWStep, adamw_update};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::block::FeedForward;
-use qwen_burn_model::kernels::{AdamWStep, adamw_update};
 
 use crate::config::{OptimizerConfig, OptimizerKind};
 use crate::error::{Result, TrainError};
@@ -73,7 +73,7 @@ pub fn build_optimizer<M: Module>(model: &M, cfg: &OptimizerConfig) -> ModuleOpt
 }
 
 /// AdamW whose per-parameter update is one fused in-place pass on Flex
-/// ([`qwen_burn_model::kernels::adamw_update`], bit-identical to Burn's `AdamW`), and Burn's
+/// ([`qwen_burn_kernels::adamw_update`], bit-identical to Burn's `AdamW`), and Burn's
 /// `AdamW` itself elsewhere (other devices, `training.fused_kernels = false`). The state is
 /// Burn's `AdamWState`, so optimizer records are the same either way.
 #[derive(Clone)]

@@ -20,7 +20,7 @@ use crate::dashboard::Dashboard;
 use crate::data::DataPipeline;
 use crate::error::{Result, TrainError};
 use crate::eval::{evaluate, sample_text};
-use qwen_burn_model::kernels::{in_pool, set_fused_kernels};
+use qwen_burn_kernels::{in_pool, set_fused_kernels};
 
 use crate::guard::{check_step, unfit_for_checkpoint};
 use crate::hooks;
@@ -79,7 +79,7 @@ pub struct RunSummary {
 /// Run (or resume) training as the config says.
 ///
 /// The run executes on a thread of rayon's pool, so that the parallel kernels of each step share
-/// their work with it instead of handing it off (`qwen_burn_model::kernels::in_pool`).
+/// their work with it instead of handing it off (`qwen_burn_kernels::in_pool`).
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     set_fused_kernels(config.training.fused_kernels);
     crate::step::set_activation_checkpointing(

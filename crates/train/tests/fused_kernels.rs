@@ -7,8 +7,8 @@ mod common;
 
 use burn::tensor::Device;
 use common::{lcg_batch, tiny_config, worst_grad_diff};
+use qwen_burn_kernels::set_fused_kernels;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::kernels::set_fused_kernels;
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use qwen_burn_train::step::forward_backward;
 use serde_json::json;

@@ -211,7 +211,7 @@ fn matrix_dtypes(model: &Qwen3ForCausalLM) -> (Vec<DType>, Vec<DType>) {
 fn a_bf16_base_step_equals_the_f32_step_on_the_rounded_weights() {
     let device = Device::flex().autodiff();
     for fused in [true, false] {
-        qwen_burn_model::kernels::set_fused_kernels(fused);
+        qwen_burn_kernels::set_fused_kernels(fused);
         for moe in [false, true] {
             let base = init_weights(
                 Qwen3ForCausalLM::new(&tiny_config(moe, None, 0.0), &device),
@@ -254,5 +254,5 @@ fn a_bf16_base_step_equals_the_f32_step_on_the_rounded_weights() {
             }
         }
     }
-    qwen_burn_model::kernels::set_fused_kernels(true);
+    qwen_burn_kernels::set_fused_kernels(true);
 }

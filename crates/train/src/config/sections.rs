@@ -301,7 +301,7 @@ pub struct TrainingConfig {
     pub on_nonfinite: OnNonFinite,
     /// How data-parallel replicas combine gradients.
     pub parallel: ParallelStrategy,
-    /// Use the fused Flex kernels (`qwen_burn_model::kernels`); `false` runs the composed Burn
+    /// Use the fused Flex kernels (`qwen_burn_kernels`); `false` runs the composed Burn
     /// ops they replace, for A/B runs and debugging. Other backends always run the composed ops.
     pub fused_kernels: bool,
     /// `"layers"`: keep only each decoder layer's input from the forward and recompute the

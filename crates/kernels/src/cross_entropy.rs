@@ -1,6 +1,6 @@
 //! Softmax cross-entropy over the vocabulary, one pass per row.
 //!
-//! The composed loss (`crate::loss`) forms the max, `exp`, the row sums, the probabilities and a
+//! The composed loss (`qwen_burn_model::loss`, [`cross_entropy_sum_reference`]) forms the max, `exp`, the row sums, the probabilities and a
 //! one-hot matrix as separate `[n, vocab]` tensors, each a pass over memory with glibc's scalar
 //! `expf`. This kernel handles one row per task (rows over rayon's threads): the max, then
 //! `e = exp(z - max)` written straight into the gradient coefficient with the vectorised
@@ -162,6 +162,20 @@ fn row_loss_generic(z: &mut [f32], target: i64, coefficient: bool) -> f32 {
         z[t] -= 1.0;
     }
     max + sum.ln() - z_target
+}
+
+/// The textbook formulation, `-sum(burn::tensor::activation::log_softmax(z)[target])`, for tests and benchmarks.
+///
+/// # Shapes
+/// - `logits`: `[b, t, vocab]`, `targets`: `[b, t]` -> `[1]`
+pub fn cross_entropy_sum_reference(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, t, v] = logits.dims();
+    let targets = targets.reshape([b * t]);
+    let valid = targets.clone().greater_equal_elem(0).float(); // [n]
+    let safe = targets.clamp_min(0).reshape([b * t, 1]);
+    let logp = burn::tensor::activation::log_softmax(logits.reshape([b * t, v]), 1);
+    let nll = logp.gather(1, safe).reshape([b * t]).neg();
+    (nll * valid).sum()
 }
 
 #[cfg(test)]

@@ -262,7 +262,7 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loss::cross_entropy_sum_reference;
+    use crate::cross_entropy::cross_entropy_sum_reference;
     use burn::tensor::{Device, Distribution};
 
     /// Value and both gradients against the composed head + `log_softmax` loss, both weight

@@ -1,4 +1,9 @@
-//! Custom fused operations through Burn's backend extensions (`#[backend_extension]`).
+//! The CPU fast path of qwen-burn's named operations: fused Flex kernels through Burn's backend
+//! extensions (`#[backend_extension]`), each with a hand-written backward where it trains.
+//!
+//! The model crate calls these by name (attention, projection, norm, loss...) and falls back to
+//! composed Burn ops where a kernel does not apply (another device, another dtype, the switch
+//! off); the train crate calls the optimizer kernels. This crate depends on Burn only.
 //!
 //! Each operation has a default body composed of standard tensor ops (the reference, and what
 //! every backend without a hand-written kernel runs) and a Flex kernel written in Rust.
@@ -74,7 +79,7 @@ mod swiglu;
 
 pub use adamw::{AdamWInputs, AdamWStep, adamw_update};
 pub use attention::causal_attention;
-pub use cross_entropy::cross_entropy_rows;
+pub use cross_entropy::{cross_entropy_rows, cross_entropy_sum_reference};
 pub use linear::linear_rows;
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use moe_experts::moe_experts;
@@ -110,6 +115,16 @@ pub fn set_fused_kernels(on: bool) {
 pub use decode_attention::decode_attention;
 pub use matvec::row_matmul;
 
+/// `w` in f32: weights stored in bf16 (frozen LoRA bases, bf16 inference) are widened where a
+/// composed product needs f32 operands.
+pub fn widened<const D: usize>(w: burn::tensor::Tensor<D>) -> burn::tensor::Tensor<D> {
+    if w.dtype() == burn::tensor::DType::F32 {
+        w
+    } else {
+        w.cast(burn::tensor::DType::F32)
+    }
+}
+
 /// Run `f` on a thread of rayon's pool (at once if this already is one).
 ///
 /// Flex's matmuls and the kernels here split their work with rayon. Called from a thread outside
@@ -126,7 +141,7 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// Whether the fused training kernels apply to tensors on `device`: Flex, with or without
 /// autodiff, and the switch on.
-pub(crate) fn flex_training(device: &burn::tensor::Device) -> bool {
+pub fn flex_training(device: &burn::tensor::Device) -> bool {
     use burn::backend::DispatchDevice;
     let flex = match device.as_dispatch() {
         DispatchDevice::Flex(_) => true,

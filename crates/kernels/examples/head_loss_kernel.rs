@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
-use qwen_burn_model::kernels::{in_pool, linear_cross_entropy};
+use qwen_burn_kernels::{in_pool, linear_cross_entropy};
 
 fn main() {
     let args: Vec<usize> = std::env::args()

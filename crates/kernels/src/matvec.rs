@@ -50,7 +50,7 @@ impl RowMatmul for Flex {
 /// multithreaded kernel of this module; elsewhere the backend's matmul.
 pub fn row_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     if !super::flex_inference(&x.device()) || x.dims()[0] != 1 || x.dtype() != DType::F32 {
-        return x.matmul(crate::projection::widened(w));
+        return x.matmul(crate::widened(w));
     }
     Tensor::from_dispatch(<Dispatch as RowMatmul>::row_matmul(
         x.into_dispatch(),

@@ -1,0 +1,307 @@
+//! Causal grouped-query attention for training, flash-style: no `[b, h, t, s]` tensor.
+//!
+//! Burn 0.22.1's Autodiff runs every attention through `attention_fallback`: the score matrix is
+//! materialised, masked, soft-maxed (glibc `expf`) and kept for the backward, and the KV heads are
+//! first copied `hq / hkv` times (`repeat_kv`). Here each task owns one KV head of one batch row
+//! and the query heads that read it (no copies, no races on `dk`, `dv`):
+//!
+//! - forward, per query row: scores against the visible keys (bottom-right causal alignment, as
+//!   with a KV cache), max, `exp` (vectorised), the weighted sum of values; only the row's
+//!   log-sum-exp is saved;
+//! - backward, per query row: the probabilities recomputed from the saved log-sum-exp,
+//!   `dP = dO V^T`, `dS = P (dP - rowsum(dO * O))`, then `dQ = s dS K`, `dK += s dS^T Q`,
+//!   `dV += P^T dO`.
+//!
+//! Packed rows (several documents per row) pass each query's document start, like
+//! flash-attention's varlen interface: query `i` then sees keys `start(i)..=i` only. Query blocks
+//! are cut at document starts, so every row of a block shares its first key, and the products
+//! cover only the block's own document: keys of other documents are never computed, and a row of
+//! short documents costs less than one long causal row.
+//!
+//! The products run through the `gemm` crate (the kernel Flex's matmul uses) on `[t, s]` score
+//! blocks of one head at a time, on the task's thread; the causal half above the diagonal is
+//! computed and zeroed (simpler than triangular tiles; a bound to remove with query tiling when
+//! sequences grow long, since the block is `t x s` floats per task).
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{DType, Tensor};
+use std::sync::Arc;
+
+use super::dense;
+use super::flex_training;
+use super::mm::{Threads, mm};
+
+mod backward;
+mod forward;
+#[cfg(test)]
+mod tests;
+
+use backward::backward;
+use forward::forward;
+
+/// Backends with the fused causal attention: Flex, and Autodiff over Flex (with its backward).
+#[backend_extension(Flex, Autodiff)]
+pub trait FusedAttention: Backend {
+    /// `softmax(q k^T * scale + causal) v` per query head; query head `h` reads KV head
+    /// `h / (hq / hkv)`. `q: [b, hq, t, hd]`, `k`, `v`: `[b, hkv, s, hd]`, `s >= t`, query `i`
+    /// sees keys `0..=s - t + i`. With `starts` (`[b, t]`, only when `s == t`), query `i` of
+    /// row `r` sees keys `starts[r t + i]..=i`: its own document in a packed row.
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        starts: Option<Arc<[u32]>>,
+    ) -> FloatTensor<Self>;
+}
+
+impl FusedAttention for Flex {
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        starts: Option<Arc<[u32]>>,
+    ) -> FloatTensor<Self> {
+        forward(&q, &k, &v, scale, starts.as_deref()).0
+    }
+}
+
+impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+        starts: Option<Arc<[u32]>>,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct AttentionBackward;
+
+        impl Backward<Flex, 3> for AttentionBackward {
+            /// `q`, `k`, `v`, the output, the log-sum-exp per query row, the scale and the
+            /// document starts.
+            type State = (
+                FlexTensor,
+                FlexTensor,
+                FlexTensor,
+                FlexTensor,
+                FlexTensor,
+                f32,
+                Option<Arc<[u32]>>,
+            );
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_q, node_k, node_v] = ops.parents;
+                let d_out = grads.consume::<Flex>(&ops.node);
+                let (q, k, v, out, lse, scale, starts) = ops.state;
+                let (dq, dk, dv) =
+                    backward(&d_out, &q, &k, &v, &out, &lse, scale, starts.as_deref());
+                if let Some(node) = node_q {
+                    grads.register::<Flex>(node.id, dq);
+                }
+                if let Some(node) = node_k {
+                    grads.register::<Flex>(node.id, dk);
+                }
+                if let Some(node) = node_v {
+                    grads.register::<Flex>(node.id, dv);
+                }
+            }
+        }
+
+        match AttentionBackward
+            .prepare::<C>([q.node(), k.node(), v.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (qp, kp, vp) = (
+                    dense(q.primitive()),
+                    dense(k.primitive()),
+                    dense(v.primitive()),
+                );
+                let (out, lse) = forward(&qp, &kp, &vp, scale, starts.as_deref());
+                prep.finish((qp, kp, vp, out.clone(), lse, scale, starts), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(
+                forward(
+                    q.primitive(),
+                    k.primitive(),
+                    v.primitive(),
+                    scale,
+                    starts.as_deref(),
+                )
+                .0,
+            ),
+        }
+    }
+}
+
+/// The fused causal attention on Flex (autodiff or not) in f32; `None` elsewhere, for the
+/// composed path. `starts` (`[b, t]`, as `qwen_burn_model::Documents::starts` builds it) keeps the
+/// documents of packed rows apart; it requires `s == t` (no KV cache).
+///
+/// # Shapes
+/// - `q`: `[b, hq, t, hd]`, `k`, `v`: `[b, hkv, s, hd]` -> `[b, hq, t, hd]`
+pub fn causal_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    scale: f32,
+    starts: Option<&Arc<[u32]>>,
+) -> Option<Tensor<4>> {
+    let [b, hq, t, hd] = q.dims();
+    let [bk, hkv, s, hdk] = k.dims();
+    let ok = flex_training(&q.device())
+        && [q.dtype(), k.dtype(), v.dtype()]
+            .iter()
+            .all(|d| *d == DType::F32)
+        && bk == b
+        && hdk == hd
+        && v.dims() == k.dims()
+        && hkv > 0
+        && hq % hkv == 0
+        && s >= t
+        && t > 0
+        && starts.is_none_or(|st| s == t && st.len() == b * t && starts_are_valid(st, t));
+    if !ok {
+        return None;
+    }
+    Some(Tensor::from_dispatch(
+        <Dispatch as FusedAttention>::causal_attention(
+            q.clone().into_dispatch(),
+            k.clone().into_dispatch(),
+            v.clone().into_dispatch(),
+            scale,
+            starts.cloned(),
+        ),
+    ))
+}
+
+/// Each query's start is at most the query itself and never decreases along a row, so the
+/// kernel's blocks and slices stay in range (what `qwen_burn_model::Documents` guarantees).
+fn starts_are_valid(starts: &[u32], t: usize) -> bool {
+    starts.chunks(t).all(|row| {
+        row.iter()
+            .enumerate()
+            .all(|(i, &st)| st as usize <= i && (i == 0 || st == row[i - 1] || st as usize == i))
+    })
+}
+
+/// Shapes of one call.
+#[derive(Clone, Copy)]
+struct Dims {
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    t: usize,
+    s: usize,
+    hd: usize,
+}
+
+impl Dims {
+    fn of(q: &FlexTensor, k: &FlexTensor) -> Self {
+        let (qs, ks) = (q.layout().shape(), k.layout().shape());
+        Dims {
+            b: qs[0],
+            hq: qs[1],
+            t: qs[2],
+            hd: qs[3],
+            hkv: ks[1],
+            s: ks[2],
+        }
+    }
+    fn group(&self) -> usize {
+        self.hq / self.hkv
+    }
+    /// Task `task`'s batch row, KV head, and the span of that head's keys (or values) in a
+    /// `[b, hkv, s, hd]` buffer.
+    fn kv_head(&self, task: usize) -> (usize, usize, std::ops::Range<usize>) {
+        let (bi, kh) = (task / self.hkv, task % self.hkv);
+        let off = (bi * self.hkv + kh) * self.s * self.hd;
+        (bi, kh, off..off + self.s * self.hd)
+    }
+
+    /// Keys visible to query row `i`.
+    fn visible(&self, i: usize) -> usize {
+        self.s - self.t + i + 1
+    }
+
+    /// The span of query head `h` of batch row `bi` in a `[b, hq, t, hd]` buffer.
+    fn query_head(&self, bi: usize, h: usize) -> std::ops::Range<usize> {
+        let start = (bi * self.hq + h) * self.t * self.hd;
+        start..start + self.t * self.hd
+    }
+
+    /// A score buffer for one query block: `QUERY_BLOCK` rows of `s`.
+    fn block_buffer(&self) -> Vec<f32> {
+        vec![0.0f32; QUERY_BLOCK.min(self.t) * self.s]
+    }
+
+    /// `out[.., ..keys] = a b^T` for a block of `rows` query-side rows `a` (`[rows, hd]`) against
+    /// the first `keys` rows of a KV head `b` (`[s, hd]`); `out` has row stride `s`.
+    fn block_scores(&self, a: &[f32], b: &[f32], rows: usize, keys: usize, out: &mut [f32]) {
+        let (hd, s) = (self.hd, self.s);
+        mm(
+            rows,
+            keys,
+            hd,
+            (a, hd, 1),
+            (b, 1, hd),
+            (out, s),
+            false,
+            Threads::One,
+        );
+    }
+
+    /// The query rows in blocks of at most [`QUERY_BLOCK`]: `(first row, rows, first key, keys
+    /// visible to the block's last row)`. Products stop at those keys, so the causal upper
+    /// triangle costs only its part inside each block's diagonal tile. With document `starts`
+    /// (this batch row's `t` values) a block never crosses a document start, so all its rows
+    /// share the first key, and keys of earlier documents are skipped.
+    fn query_blocks<'s>(
+        &self,
+        starts: Option<&'s [u32]>,
+    ) -> impl Iterator<Item = (usize, usize, usize, usize)> + 's {
+        let dm = *self;
+        let mut r0 = 0;
+        std::iter::from_fn(move || {
+            if r0 >= dm.t {
+                return None;
+            }
+            let mut rows = QUERY_BLOCK.min(dm.t - r0);
+            let k0 = match starts {
+                Some(st) => {
+                    let first = st[r0];
+                    rows = st[r0 + 1..r0 + rows]
+                        .iter()
+                        .position(|&x| x != first)
+                        .map_or(rows, |p| p + 1);
+                    first as usize
+                }
+                None => 0,
+            };
+            let block = (r0, rows, k0, dm.visible(r0 + rows - 1));
+            r0 += rows;
+            Some(block)
+        })
+    }
+}
+
+/// Query rows per block: one height of the `gemm` micro-kernel (4 AVX-512 registers of 16).
+const QUERY_BLOCK: usize = 64;
+
+/// Independent accumulators of the row reductions (one AVX-512 register), so they vectorise.
+const LANES: usize = 16;
