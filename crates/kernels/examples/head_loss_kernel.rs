@@ -1,7 +1,7 @@
 //! Time of the fused LM head + cross-entropy (`kernels::linear_cross_entropy`, value and both
 //! gradients) at a training shape, against the three products it runs.
 //!
-//!     cargo run --release -p qwen-burn-model --example head_loss_kernel -- 2048 256 8192
+//!     cargo run --release --example head_loss_kernel -- 2048 256 8192
 
 use std::time::Instant;
 

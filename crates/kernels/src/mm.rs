@@ -168,18 +168,22 @@ pub(crate) enum Matrix<'a> {
 /// last-level cache after it was written.
 const WIDEN_BLOCK: usize = 1 << 21;
 
-/// Above this reduction length a bf16 product is blocked along the reduction axis (the
-/// destination accumulates) rather than along its output axis: a `[k, 16]` block of a very long
-/// `k` (the vocabulary of the LM head's input gradient) would make `gemm` run far below its peak.
-const REDUCTION_LIMIT: usize = 16_384;
+/// The thinnest reduction block a bf16 product is cut into; where the output is so wide that
+/// a block would be thinner (the LM head's logits over the vocabulary), it is blocked along its
+/// output axis instead: rank-16 updates of a `[rows, vocab]` destination would run far below
+/// the `gemm` peak.
+const MIN_REDUCTION_BLOCK: usize = 256;
 
 /// `c (+)= a @ op(w)` for `a: [m, k]` (as in [`mm`]) and `w` stored `[rows, cols]`, where
 /// `op(w)` is `w` (`k = rows`, `n = cols`) or, when `transposed`, `w^T` (`k = cols`,
 /// `n = rows`). `c: [m, n]` at row stride `c_rs`; `accumulate` adds to what it holds.
 ///
-/// A bf16 `w` is widened block by block into one scratch buffer: along the output axis (each
-/// block writes its own columns of `c`) unless the reduction is longer than
-/// [`REDUCTION_LIMIT`], then along the reduction axis (each block adds its share to `c`).
+/// A bf16 `w` is widened block by block into a scratch buffer: along the reduction axis (each
+/// block adds its share to `c`, which stays in cache), or along the output axis (each block
+/// writes its own columns of `c`) when a reduction block would be thinner than
+/// [`MIN_REDUCTION_BLOCK`]. Measured on the Qwen3-1.7B projections (`examples/bf16_projection`,
+/// `benches/README.md`): blocking the reduction costs 2-8% over the f32 product, blocking the
+/// output 8-32% (each output block makes `gemm` pack the whole left operand again).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mm_matrix(
     m: usize,
@@ -191,7 +195,7 @@ pub(crate) fn mm_matrix(
     accumulate: bool,
     threads: Threads,
 ) {
-    let blocking = (WIDEN_BLOCK, REDUCTION_LIMIT);
+    let blocking = (WIDEN_BLOCK, MIN_REDUCTION_BLOCK);
     mm_matrix_blocked(m, a, w, shape, transposed, c, accumulate, threads, blocking);
 }
 
@@ -207,7 +211,7 @@ fn mm_matrix_blocked(
     (c, c_rs): (&mut [f32], usize),
     accumulate: bool,
     threads: Threads,
-    (widen_block, reduction_limit): (usize, usize),
+    (widen_block, min_reduction_block): (usize, usize),
 ) {
     let (k, n) = if transposed {
         (cols, rows)
@@ -228,11 +232,17 @@ fn mm_matrix_blocked(
     assert!(w.len() >= rows * cols, "weight out of bounds");
     let (a, a_rs, a_cs) = a;
     // Block along W's rows (`true`) or columns, and whether that axis is the output one.
-    let along_output = k <= reduction_limit;
+    let along_output = widen_block / n.max(1) < min_reduction_block;
     let by_rows = along_output == transposed;
     let (axis_len, other) = if by_rows { (rows, cols) } else { (cols, rows) };
     let block = (widen_block / other.max(1)).max(16).min(axis_len.max(1));
-    let mut scratch = vec![0.0f32; block * other];
+    // One buffer per thread, reused across calls (a fresh one would be faulted in and zeroed
+    // each time); taken out while in use, so a nested call on this thread (rayon runs other
+    // tasks while `gemm` waits) finds none and allocates its own.
+    let mut scratch = SCRATCH.take();
+    if scratch.len() < block * other {
+        scratch.resize(block * other, 0.0);
+    }
     for start in (0..axis_len).step_by(block) {
         let len = block.min(axis_len - start);
         // The block as a dense `[r, s]` matrix: rows start..start+len of W (s = cols), or its
@@ -271,6 +281,12 @@ fn mm_matrix_blocked(
             );
         }
     }
+    SCRATCH.set(scratch);
+}
+
+thread_local! {
+    /// [`mm_matrix_blocked`]'s widened blocks.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Rows `start..start + len` of the bf16 `w` (row length `cols`) when `by_rows`, else those
@@ -278,19 +294,30 @@ fn mm_matrix_blocked(
 /// bits, so widening is exact.
 fn widen(w: &[half::bf16], cols: usize, by_rows: bool, start: usize, len: usize, dst: &mut [f32]) {
     use rayon::prelude::*;
-    let run = if by_rows { cols } else { len };
-    dst.par_chunks_mut(run.max(1))
-        .enumerate()
-        .for_each(|(i, out)| {
-            let from = if by_rows {
-                (start + i) * cols
-            } else {
-                i * cols + start
-            };
-            for (o, v) in out.iter_mut().zip(&w[from..from + run]) {
-                *o = f32::from_bits(u32::from(v.to_bits()) << 16);
-            }
-        });
+    if by_rows {
+        // Whole rows: one contiguous run, converted in large pieces.
+        const PIECE: usize = 1 << 16;
+        let src = &w[start * cols..(start + len) * cols];
+        dst.par_chunks_mut(PIECE)
+            .zip(src.par_chunks(PIECE))
+            .for_each(|(out, src)| widen_run(src, out));
+    } else {
+        dst.par_chunks_mut(len.max(1))
+            .enumerate()
+            .for_each(|(i, out)| widen_run(&w[i * cols + start..i * cols + start + len], out));
+    }
+}
+
+simd_dispatch! {
+    /// `out[i] = src[i]` widened to f32 (`src.len() == out.len()`).
+    fn widen_run(src: &[half::bf16], out: &mut [f32]) = widen_run_generic
+}
+
+#[inline(always)]
+fn widen_run_generic(src: &[half::bf16], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(src) {
+        *o = f32::from_bits(u32::from(v.to_bits()) << 16);
+    }
 }
 
 #[cfg(test)]
@@ -323,7 +350,8 @@ mod tests {
             };
             let a = values(m * k, 2);
             let start = values(m * n, 3);
-            for blocking in [(1 << 20, 1 << 20), (64 * 16, 1 << 20), (64 * 16, 8)] {
+            // One reduction block; several (a short last one); several output blocks.
+            for blocking in [(1 << 20, 1), (64 * 16, 1), (64 * 16, 1 << 20)] {
                 for accumulate in [false, true] {
                     let mut expected = start.clone();
                     mm_matrix_blocked(

@@ -1,0 +1,57 @@
+//! Time of a frozen projection `x @ W` forward and its input gradient (`kernels::linear_rows`,
+//! as a LoRA base weight runs) with `W` stored in f32 against `W` stored in bf16, at the shapes
+//! of a model: rows, then `d_in x d_out` pairs.
+//!
+//!     cargo run --release --example bf16_projection -- 512 2048x2048 2048x1024 2048x6144 6144x2048
+
+use std::time::Instant;
+
+use burn::tensor::{DType, Device, Distribution, Tensor};
+use qwen_burn_kernels::{in_pool, linear_rows};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().and_then(|a| a.parse().ok()).expect("rows");
+    let shapes: Vec<(usize, usize)> = args
+        .map(|a| {
+            let (k, m) = a.split_once('x').expect("KxM");
+            (k.parse().expect("K"), m.parse().expect("M"))
+        })
+        .collect();
+    let device = Device::flex().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    for (k, m) in shapes {
+        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
+        let dy = Tensor::<2>::random([n, m], normal, &device);
+        let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
+        let w16 = w32.clone().cast(DType::BF16);
+        let time = |w: &Tensor<2>| {
+            let run = || {
+                let y = linear_rows(&x, w).expect("flex kernel");
+                let grads = (y * dy.clone()).sum().backward();
+                let _ = x.grad(&grads);
+            };
+            in_pool(|| {
+                run();
+                (0..5)
+                    .map(|_| {
+                        let start = Instant::now();
+                        run();
+                        start.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min)
+            })
+        };
+        let (a, b) = (time(&w32), time(&w16));
+        let flops = 4.0 * (n * k * m) as f64;
+        println!(
+            "{n} x {k} x {m}: f32 {:.1} ms ({:.0} GFLOP/s), bf16 {:.1} ms ({:.0} GFLOP/s), \
+             bf16/f32 {:.2}",
+            a * 1e3,
+            flops / a / 1e9,
+            b * 1e3,
+            flops / b / 1e9,
+            b / a
+        );
+    }
+}
