@@ -18,10 +18,10 @@
 //! cover only the block's own document: keys of other documents are never computed, and a row of
 //! short documents costs less than one long causal row.
 //!
-//! The products run through the `gemm` crate (the kernel Flex's matmul uses) on `[t, s]` score
-//! blocks of one head at a time, on the task's thread; the causal half above the diagonal is
-//! computed and zeroed (simpler than triangular tiles; a bound to remove with query tiling when
-//! sequences grow long, since the block is `t x s` floats per task).
+//! The products run through the `gemm` crate (the kernel Flex's matmul uses) on score blocks of
+//! 64 query rows against the keys visible to the block's last row, one head at a time, on the
+//! task's thread: the causal triangle costs only its part inside each block's diagonal tile,
+//! and a block's buffer is `64 x s` floats (1 MB at 4096 keys).
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
