@@ -88,6 +88,9 @@ pub fn bench_train(
     let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
     let device = replicas.main().clone();
     check_training_memory(config, model_config, devices.kinds()[0])?;
+    let memory_line = training_memory_line(config, model_config, devices.kinds()[0]);
+    // Before anything is built, as `train` does (stderr: `--json` keeps stdout to the record).
+    eprintln!("{memory_line}");
     let mut model = build_model(config, &device)?;
     let adapter_params = match &config.lora {
         Some(_) => trainable_params(&model),
@@ -157,7 +160,7 @@ pub fn bench_train(
         "fused_kernels": t.fused_kernels,
         "mfu": tps * flops / peak,
         "peak_rss_mb": peak_rss_mb(),
-        "memory_estimate": training_memory_line(config, model_config, devices.kinds()[0]),
+        "memory_estimate": memory_line,
         "final_loss": losses.last().copied().unwrap_or(f64::NAN),
     }))
 }
