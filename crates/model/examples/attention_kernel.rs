@@ -1,5 +1,6 @@
 //! Time of the fused causal attention (forward, and forward + backward) at a training shape,
-//! with the GFLOP/s of the products it needs (causal half only) and of those it runs. A sixth
+//! with the GFLOP/s of the products it needs (causal half only) and as if it ran the full `t x t`
+//! square (the kernel's query blocks skip all but the diagonal tiles of the upper half). A sixth
 //! size packs each row with documents of that many tokens (the document mask), to compare
 //! with the same rows as one document.
 //!
