@@ -1,7 +1,8 @@
 //! Activation checkpointing (`training.activation_checkpointing = "layers"`, issue 27): a step
 //! that keeps only each decoder layer's input and recomputes the layer in the backward gives the
 //! same loss and the same gradients as a step that keeps every activation, for dense and MoE
-//! models (with the router losses, over several micro-batches, with padding), full training and
+//! models (with the router losses, over several micro-batches, with padding and packed
+//! documents), full training and
 //! LoRA, through the fused Flex kernels and the composed ops.
 //!
 //! One test in its own binary: both switches it flips are process-wide.
@@ -78,7 +79,10 @@ fn checkpointed_steps_equal_plain_steps() {
             *target = -100;
         }
     }
-    let batches = vec![lcg_batch(2, 12, 1), padded];
+    // A packed micro-batch: two documents per row (5 + 7 tokens), each attending to itself.
+    let mut packed = lcg_batch(2, 12, 3);
+    packed.positions = Some((0..2).flat_map(|_| (0..5).chain(0..7)).collect());
+    let batches = vec![lcg_batch(2, 12, 1), padded, packed];
     let cases: Vec<(&str, Qwen3Config, Option<LoraConfig>)> = vec![
         ("dense", tiny_config(false, None, 0.0), None),
         ("moe hf", moe_with_z("hf"), None),
