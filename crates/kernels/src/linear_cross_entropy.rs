@@ -28,8 +28,8 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::cross_entropy::row_loss;
-use super::mm::{Matrix, Threads, mm, mm_matrix};
-use super::{dense, flex_training, int_values};
+use super::mm::{Threads, mm, mm_matrix};
+use super::{Elements, dense, flex_training, int_values};
 
 /// Backends with the fused head + cross-entropy: Flex, and Autodiff over Flex.
 #[backend_extension(Flex, Autodiff)]
@@ -161,10 +161,8 @@ fn run(
     let (h, w) = (dense(h), dense(w));
     let hs = h.storage::<f32>();
     // A frozen table may be bf16 (LoRA's base weights): widened a block at a time.
-    let wm = match w.dtype() {
-        DType::BF16 => Matrix::Bf16(w.storage::<half::bf16>()),
-        _ => Matrix::F32(w.storage::<f32>()),
-    };
+    let w_elements = Elements::of(&w);
+    let wm = w_elements.matrix();
     let ws_shape = w.layout().shape().clone();
     let d = h.layout().shape()[1];
     let n = h.layout().shape()[0];

@@ -353,30 +353,24 @@ mod tests {
             // One reduction block; several (a short last one); several output blocks.
             for blocking in [(1 << 20, 1), (64 * 16, 1), (64 * 16, 1 << 20)] {
                 for accumulate in [false, true] {
-                    let mut expected = start.clone();
-                    mm_matrix_blocked(
-                        m,
-                        (&a, k, 1),
-                        Matrix::F32(&wide),
-                        [rows, cols],
-                        transposed,
-                        (&mut expected, n),
-                        accumulate,
-                        Threads::All,
-                        blocking,
-                    );
-                    let mut found = start.clone();
-                    mm_matrix_blocked(
-                        m,
-                        (&a, k, 1),
-                        Matrix::Bf16(&w),
-                        [rows, cols],
-                        transposed,
-                        (&mut found, n),
-                        accumulate,
-                        Threads::All,
-                        blocking,
-                    );
+                    let product = |weight: Matrix<'_>| {
+                        let mut c = start.clone();
+                        let (a, c_rs) = ((&a[..], k, 1), n);
+                        mm_matrix_blocked(
+                            m,
+                            a,
+                            weight,
+                            [rows, cols],
+                            transposed,
+                            (&mut c, c_rs),
+                            accumulate,
+                            Threads::All,
+                            blocking,
+                        );
+                        c
+                    };
+                    let (expected, found) =
+                        (product(Matrix::F32(&wide)), product(Matrix::Bf16(&w)));
                     let diff = expected
                         .iter()
                         .zip(&found)

@@ -165,7 +165,7 @@ pub fn check_training_memory(
 ) -> Result<()> {
     if let Some(lora) = &config.lora
         && lora.base_dtype == BaseDtype::Bf16
-        && matches!(kind, BackendKind::Ndarray | BackendKind::Wgpu)
+        && !has_bf16(kind)
     {
         return Err(TrainError::config(
             "lora.base_dtype",
@@ -195,6 +195,11 @@ pub fn check_training_memory(
     })
 }
 
+/// Whether the backend of `kind` has bf16 tensors (`lora.base_dtype = "bf16"`).
+fn has_bf16(kind: BackendKind) -> bool {
+    !matches!(kind, BackendKind::Ndarray | BackendKind::Wgpu)
+}
+
 /// The config changes, one at a time, whose estimate fits in `available` bytes: LoRA instead of
 /// full training, bf16 base weights, activation checkpointing, the largest
 /// `training.batch_size` or `training.seq_len` that fits.
@@ -206,21 +211,13 @@ pub fn what_would_fit(
 ) -> Vec<String> {
     let fits = |c: &RunConfig| training_estimate(c, model, kind).total() <= available;
     let mut options = Vec::new();
-    let bf16_ok = !matches!(kind, BackendKind::Ndarray | BackendKind::Wgpu);
+    let bf16_ok = has_bf16(kind);
     match &config.lora {
         None => {
             let mut lora = LoraConfig {
                 rank: 8,
                 alpha: 16.0,
-                targets: vec![
-                    LoraTarget::QProj,
-                    LoraTarget::KProj,
-                    LoraTarget::VProj,
-                    LoraTarget::OProj,
-                    LoraTarget::GateProj,
-                    LoraTarget::UpProj,
-                    LoraTarget::DownProj,
-                ],
+                targets: LoraTarget::ALL.to_vec(),
                 base_dtype: BaseDtype::F32,
             };
             let mut c = config.clone();

@@ -255,6 +255,9 @@ struct Stack {
     inputs: Vec<Tensor<3>>,
     /// The leaf the final norm reads.
     last: Tensor<3>,
+    /// The batch's token ids and document layout, for the recomputation.
+    input_ids: Tensor<2, Int>,
+    docs: Option<Documents>,
 }
 
 static CHECKPOINT_LAYERS: AtomicBool = AtomicBool::new(false);
@@ -279,10 +282,13 @@ fn forward_checkpointed(
     batch: &Batch,
     device: &Device,
 ) -> Result<Forward> {
-    let (_, targets, mask) = batch_tensors(batch, device);
-    let (inputs_inner, _, mask_inner) = batch_tensors(batch, &device.clone().inner());
+    let (input_ids, targets, mask) = batch_tensors(batch, device);
     let docs = batch_documents(batch)?;
-    let (mut x, layer_inputs) = inner.embed_for_layers(inputs_inner, mask_inner, docs.as_ref());
+    let (mut x, layer_inputs) = inner.embed_for_layers(
+        input_ids.clone().inner(),
+        mask.clone().map(|m| m.inner()),
+        docs.as_ref(),
+    );
     let layers = inner.config.num_hidden_layers;
     let mut inputs = Vec::with_capacity(layers);
     let mut routers = Vec::new();
@@ -301,7 +307,12 @@ fn forward_checkpointed(
         ce_sum: model.head_cross_entropy_sum(hidden, targets),
         routers,
         mask,
-        stack: Some(Stack { inputs, last }),
+        stack: Some(Stack {
+            inputs,
+            last,
+            input_ids,
+            docs,
+        }),
     })
 }
 
@@ -312,8 +323,7 @@ fn forward_checkpointed(
 /// embedding. Each part's parameter gradients go to `accumulator`.
 fn backward_checkpointed(
     model: &Qwen3ForCausalLM,
-    batch: &Batch,
-    device: &Device,
+    mask: Option<Tensor<2, Bool>>,
     stack: Stack,
     routers: &[RouterOutput],
     grads: burn::tensor::Gradients,
@@ -329,9 +339,8 @@ fn backward_checkpointed(
         routers.iter().map(|r| r.logits.grad(&grads)).collect();
     accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
 
-    let (inputs, _, mask) = batch_tensors(batch, device);
-    let docs = batch_documents(batch)?;
-    let (embedded, layer_inputs) = model.embed_for_layers(inputs, mask, docs.as_ref());
+    let (embedded, layer_inputs) =
+        model.embed_for_layers(stack.input_ids, mask, stack.docs.as_ref());
     for (i, x) in stack.inputs.into_iter().enumerate().rev() {
         let x = Tensor::from_inner(x).require_grad();
         let (y, router) = model.layer(i, x.clone(), &layer_inputs);
@@ -509,15 +518,9 @@ pub fn forward_backward_part(
         ce_total += read_scalar(parts.ce_sum)?;
         let grads = parts.loss.backward();
         match stack {
-            Some(stack) => backward_checkpointed(
-                model,
-                batch,
-                device,
-                stack,
-                &routers,
-                grads,
-                &mut accumulator,
-            )?,
+            Some(stack) => {
+                backward_checkpointed(model, mask, stack, &routers, grads, &mut accumulator)?
+            }
             None => accumulator.accumulate(model, GradientsParams::from_grads(grads, model)),
         }
         Ok(())

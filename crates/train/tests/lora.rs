@@ -19,15 +19,7 @@ fn all_targets() -> LoraConfig {
     LoraConfig {
         rank: 4,
         alpha: 8.0,
-        targets: vec![
-            LoraTarget::QProj,
-            LoraTarget::KProj,
-            LoraTarget::VProj,
-            LoraTarget::OProj,
-            LoraTarget::GateProj,
-            LoraTarget::UpProj,
-            LoraTarget::DownProj,
-        ],
+        targets: LoraTarget::ALL.to_vec(),
         base_dtype: BaseDtype::F32,
     }
 }

@@ -474,6 +474,17 @@ pub enum LoraTarget {
 }
 
 impl LoraTarget {
+    /// All seven projections, in HF order.
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::QProj,
+        LoraTarget::KProj,
+        LoraTarget::VProj,
+        LoraTarget::OProj,
+        LoraTarget::GateProj,
+        LoraTarget::UpProj,
+        LoraTarget::DownProj,
+    ];
+
     /// The module name, as in HF parameter paths.
     pub fn as_str(self) -> &'static str {
         match self {
