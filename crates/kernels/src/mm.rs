@@ -30,7 +30,8 @@ pub(crate) fn mm(
 }
 
 /// `c = alpha c + beta (a @ b)` (operands as in [`mm`]): one pass of `gemm` that also scales
-/// what the destination held, as PyTorch's `addmm(c, a, b, beta=alpha, alpha=beta)`.
+/// what the destination held, as PyTorch's `addmm(c, a, b, beta=alpha, alpha=beta)`; with
+/// `alpha` `None`, `c = beta (a @ b)` without reading the destination.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mm_scaled(
     m: usize,
@@ -39,25 +40,13 @@ pub(crate) fn mm_scaled(
     a: (&[f32], usize, usize),
     b: (&[f32], usize, usize),
     (c, c_rs): (&mut [f32], usize),
-    alpha: f32,
+    alpha: Option<f32>,
     beta: f32,
     threads: Threads,
 ) {
     assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
     // SAFETY: as in `mm`.
-    unsafe {
-        mm_raw(
-            m,
-            n,
-            k,
-            a,
-            b,
-            (c.as_mut_ptr(), c_rs),
-            Some(alpha),
-            beta,
-            threads,
-        )
-    }
+    unsafe { mm_raw(m, n, k, a, b, (c.as_mut_ptr(), c_rs), alpha, beta, threads) }
 }
 
 /// `c = alpha c + beta (a @ b)` into a raw row-major destination, or `c = beta (a @ b)` when

@@ -119,7 +119,7 @@ fn orthogonalise(g: &FlexTensor, ns: NewtonSchulz) -> FlexTensor {
             (&gram, m, 1),
             (&gram, m, 1),
             (&mut poly, m),
-            b,
+            Some(b),
             c,
             Threads::All,
         );
@@ -132,7 +132,7 @@ fn orthogonalise(g: &FlexTensor, ns: NewtonSchulz) -> FlexTensor {
             (&poly, m, 1),
             (&x, n, 1),
             (&mut next, n),
-            a,
+            Some(a),
             1.0,
             Threads::All,
         );

@@ -5,10 +5,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use super::{Dims, LANES};
+use super::{Dims, QUERY_BLOCK, tiles};
 use crate::dense;
-use crate::exp::exp_f32;
-use crate::mm::{Threads, mm};
 
 /// One backward task: batch row and KV head `task`, all its query heads; it owns that head's
 /// `dk` and `dv`.
@@ -29,11 +27,13 @@ struct BackwardTask<'a> {
 impl BackwardTask<'_> {
     #[inline(always)]
     fn run(&self, dqc: &mut [f32], dkc: &mut [f32], dvc: &mut [f32]) {
-        let Dims { hq, t, s, hd, .. } = self.dm;
+        let Dims { hq, t, hd, .. } = self.dm;
         let group = self.dm.group();
         let scale = self.scale;
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
+        let (kt, vt) = (self.dm.transposed(k), self.dm.transposed(v));
+        let ps = self.dm.stride();
         let (mut p, mut ds) = (self.dm.block_buffer(), self.dm.block_buffer());
         for g in 0..group {
             let h = kh * group + g;
@@ -47,108 +47,38 @@ impl BackwardTask<'_> {
                 let block = r0 * hd..(r0 + rows) * hd;
                 let (qb, ob, dob) = (&q[block.clone()], &o[block.clone()], &d_o[block]);
                 // Keys `k0..keys` (buffer column `j` is key `k0 + j`).
-                let (kb, vb) = (&k[k0 * hd..], &v[k0 * hd..]);
+                let kb = &k[k0 * hd..];
                 let nk = keys - k0;
-                // P recomputed from the log-sum-exp; dP = dO V^T; dS = P (dP - rowsum(dO O)) s.
-                self.dm.block_scores(qb, kb, rows, nk, &mut p);
-                self.dm.block_scores(dob, vb, rows, nk, &mut ds);
-                for i in 0..rows {
-                    let n = self.dm.visible(r0 + i) - k0;
-                    let lse = self.ls[(bi * hq + h) * t + r0 + i];
-                    let dd: f32 = dob[i * hd..(i + 1) * hd]
-                        .iter()
-                        .zip(&ob[i * hd..(i + 1) * hd])
-                        .map(|(a, c)| a * c)
-                        .sum();
-                    let (pr, dr) = (&mut p[i * s..i * s + nk], &mut ds[i * s..i * s + nk]);
-                    score_gradient_row(pr, dr, n, scale, lse, dd);
+                // P recomputed from the log-sum-exp; dS / s = P (dO V^T - rowsum(dO O)) (the
+                // scale `s` goes into the products that read dS).
+                let lim = self.dm.limits(r0, rows, k0);
+                let lse = &self.ls[(bi * hq + h) * t + r0..][..rows];
+                let mut dd = [0.0f32; QUERY_BLOCK];
+                for (i, d) in dd[..rows].iter_mut().enumerate() {
+                    let (a, c) = (&dob[i * hd..(i + 1) * hd], &ob[i * hd..(i + 1) * hd]);
+                    *d = a.iter().zip(c).map(|(a, c)| a * c).sum();
                 }
+                let probs = tiles::Epilogue::Probs {
+                    scale,
+                    lim: &lim[..rows],
+                    lse,
+                };
+                self.dm.block_scores(qb, &kt[k0..], rows, nk, probs, &mut p);
+                let grad = tiles::Epilogue::ScoreGrad {
+                    p: &p,
+                    dd: &dd[..rows],
+                };
+                self.dm
+                    .block_scores(dob, &vt[k0..], rows, nk, grad, &mut ds);
                 // dQ = dS K; dK += dS^T Q; dV += P^T dO (over the block's visible keys).
-                mm(
-                    rows,
-                    hd,
-                    nk,
-                    (&ds, s, 1),
-                    (kb, hd, 1),
-                    (&mut dqc[(g * t + r0) * hd..(g * t + r0 + rows) * hd], hd),
-                    false,
-                    Threads::One,
-                );
-                mm(
-                    nk,
-                    hd,
-                    rows,
-                    (&ds, 1, s),
-                    (qb, hd, 1),
-                    (&mut dkc[k0 * hd..], hd),
-                    true,
-                    Threads::One,
-                );
-                mm(
-                    nk,
-                    hd,
-                    rows,
-                    (&p, 1, s),
-                    (dob, hd, 1),
-                    (&mut dvc[k0 * hd..], hd),
-                    true,
-                    Threads::One,
-                );
+                let dqb = &mut dqc[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
+                tiles::narrow(rows, nk, hd, (&ds, ps, 1), kb, (dqb, hd), false, scale);
+                let (dkb, dvb) = (&mut dkc[k0 * hd..], &mut dvc[k0 * hd..]);
+                tiles::narrow(nk, rows, hd, (&ds, 1, ps), qb, (dkb, hd), true, scale);
+                tiles::narrow(nk, rows, hd, (&p, 1, ps), dob, (dvb, hd), true, 1.0);
             }
         }
     }
-}
-
-simd_dispatch! {
-    /// One row of the backward: `p = exp(s * scale - lse)` from the raw scores in `p`, and
-    /// `ds = p (dp - dd) scale` from `dp` in `ds`, over the `n` visible keys; zeros past them.
-    fn score_gradient_row(
-        p: &mut [f32],
-        ds: &mut [f32],
-        n: usize,
-        scale: f32,
-        lse: f32,
-        dd: f32,
-    ) = score_gradient_row_generic
-}
-
-#[inline(always)]
-fn score_gradient_row_generic(
-    p: &mut [f32],
-    ds: &mut [f32],
-    n: usize,
-    scale: f32,
-    lse: f32,
-    dd: f32,
-) {
-    let (p_live, p_dead) = p.split_at_mut(n);
-    let (d_live, d_dead) = ds.split_at_mut(n);
-    let body = n - n % LANES;
-    let step = |pj: &mut f32, dj: &mut f32| {
-        let e = exp_f32(*pj * scale - lse);
-        *pj = e;
-        *dj = e * (*dj - dd) * scale;
-    };
-    for (pc, dc) in p_live[..body]
-        .chunks_exact_mut(LANES)
-        .zip(d_live[..body].chunks_exact_mut(LANES))
-    {
-        for l in 0..LANES {
-            step(&mut pc[l], &mut dc[l]);
-        }
-    }
-    // The partial chunk as one full chunk in padded copies (see `softmax_row_generic`).
-    let valid = n - body;
-    let (mut pt, mut dt) = ([0.0f32; LANES], [0.0f32; LANES]);
-    pt[..valid].copy_from_slice(&p_live[body..]);
-    dt[..valid].copy_from_slice(&d_live[body..]);
-    for l in 0..LANES {
-        step(&mut pt[l], &mut dt[l]);
-    }
-    p_live[body..].copy_from_slice(&pt[..valid]);
-    d_live[body..].copy_from_slice(&dt[..valid]);
-    p_dead.fill(0.0);
-    d_dead.fill(0.0);
 }
 
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]

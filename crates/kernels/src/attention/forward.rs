@@ -5,10 +5,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use super::{Dims, LANES};
+use super::{Dims, QUERY_BLOCK, tiles};
 use crate::dense;
-use crate::exp::exp_f32;
-use crate::mm::{Threads, mm};
 
 pub(super) fn forward(
     q: &FlexTensor,
@@ -61,89 +59,55 @@ struct ForwardTask<'a> {
 impl ForwardTask<'_> {
     #[inline(always)]
     fn run(&self, o: &mut [f32], l: &mut [f32]) {
-        let Dims { t, s, hd, .. } = self.dm;
+        let Dims { t, hd, .. } = self.dm;
         let group = self.dm.group();
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
+        let kt = self.dm.transposed(k);
+        let ps = self.dm.stride();
         let mut p = self.dm.block_buffer();
+        let mut inv = [0.0f32; QUERY_BLOCK];
         for g in 0..group {
             let q = &self.qs[self.dm.query_head(bi, kh * group + g)];
             for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
-                // S = Q K^T over the block's visible keys `k0..keys` (column `j` of the buffer
-                // is key `k0 + j`), then each row's causal softmax in place (P), keeping its
-                // log-sum-exp.
+                // S = scale Q K^T over the block's visible keys `k0..keys` (column `j` of the
+                // buffer is key `k0 + j`) with each row's max over its causal keys, then each
+                // row's unnormalised softmax in place, keeping its log-sum-exp and the inverse
+                // of its sum.
                 let n = keys - k0;
                 let qb = &q[r0 * hd..(r0 + rows) * hd];
-                self.dm.block_scores(qb, &k[k0 * hd..], rows, n, &mut p);
+                let lim = self.dm.limits(r0, rows, k0);
+                let mut max = [f32::NEG_INFINITY; QUERY_BLOCK];
+                let epilogue = tiles::Epilogue::Max {
+                    scale: self.scale,
+                    lim: &lim[..rows],
+                    max: &mut max[..rows],
+                };
+                self.dm
+                    .block_scores(qb, &kt[k0..], rows, n, epilogue, &mut p);
                 for i in 0..rows {
-                    let row = &mut p[i * s..i * s + n];
-                    l[g * t + r0 + i] = softmax_row(row, self.dm.visible(r0 + i) - k0, self.scale);
+                    let row = &mut p[i * ps..i * ps + n];
+                    let sum = tiles::exp_row(row, lim[i] as usize, max[i]);
+                    l[g * t + r0 + i] = max[i] + sum.ln();
+                    inv[i] = 1.0 / sum;
                 }
-                // O = P V.
+                // O = P V, each row then divided by its sum (a pass over `hd` values instead
+                // of the row's keys).
                 let ob = &mut o[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
-                mm(
+                tiles::narrow(
                     rows,
-                    hd,
                     n,
-                    (&p, s, 1),
-                    (&v[k0 * hd..], hd, 1),
+                    hd,
+                    (&p, ps, 1),
+                    &v[k0 * hd..],
                     (ob, hd),
                     false,
-                    Threads::One,
+                    1.0,
                 );
+                for (orow, w) in ob.chunks_exact_mut(hd).zip(&inv) {
+                    orow.iter_mut().for_each(|x| *x *= w);
+                }
             }
         }
     }
-}
-
-simd_dispatch! {
-    /// `row[..n] = softmax(row[..n] * scale)` in place, `row[n..] = 0`; returns the row's
-    /// log-sum-exp of the scaled scores.
-    fn softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 = softmax_row_generic
-}
-
-#[inline(always)]
-fn softmax_row_generic(row: &mut [f32], n: usize, scale: f32) -> f32 {
-    let (live, dead) = row.split_at_mut(n);
-    let body = n - n % LANES;
-    // The last partial chunk runs as one more full chunk in a padded copy (a scalar tail loop
-    // would cost as much as the rest of a short row): -inf scores, masked out of the sum.
-    let mut tail = [f32::NEG_INFINITY; LANES];
-    let valid = live.len() - body;
-    tail[..valid].copy_from_slice(&live[body..]);
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    for ch in live[..body].chunks_exact_mut(LANES) {
-        for l in 0..LANES {
-            ch[l] *= scale;
-            lanes[l] = lanes[l].max(ch[l]);
-        }
-    }
-    for l in 0..LANES {
-        tail[l] *= scale;
-        lanes[l] = lanes[l].max(tail[l]);
-    }
-    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sums = [0.0f32; LANES];
-    for ch in live[..body].chunks_exact_mut(LANES) {
-        for l in 0..LANES {
-            let e = exp_f32(ch[l] - max);
-            ch[l] = e;
-            sums[l] += e;
-        }
-    }
-    for l in 0..LANES {
-        let e = if l < valid {
-            exp_f32(tail[l] - max)
-        } else {
-            0.0
-        };
-        tail[l] = e;
-        sums[l] += e;
-    }
-    let sum: f32 = sums.iter().sum();
-    let inv = 1.0 / sum;
-    live[body..].copy_from_slice(&tail[..valid]);
-    live.iter_mut().for_each(|x| *x *= inv);
-    dead.fill(0.0);
-    max + sum.ln()
 }

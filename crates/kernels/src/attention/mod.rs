@@ -36,12 +36,12 @@ use std::sync::Arc;
 
 use super::dense;
 use super::flex_training;
-use super::mm::{Threads, mm};
 
 mod backward;
 mod forward;
 #[cfg(test)]
 mod tests;
+mod tiles;
 
 use backward::backward;
 use forward::forward;
@@ -245,25 +245,67 @@ impl Dims {
         start..start + self.t * self.hd
     }
 
-    /// A score buffer for one query block: `QUERY_BLOCK` rows of `s`.
-    fn block_buffer(&self) -> Vec<f32> {
-        vec![0.0f32; QUERY_BLOCK.min(self.t) * self.s]
+    /// Row stride of the score buffers: `s` rounded up to whole registers of 16, which the
+    /// score tiles write (see [`tiles::wide`]).
+    fn stride(&self) -> usize {
+        self.s.next_multiple_of(LANES)
     }
 
-    /// `out[.., ..keys] = a b^T` for a block of `rows` query-side rows `a` (`[rows, hd]`) against
-    /// the first `keys` rows of a KV head `b` (`[s, hd]`); `out` has row stride `s`.
-    fn block_scores(&self, a: &[f32], b: &[f32], rows: usize, keys: usize, out: &mut [f32]) {
-        let (hd, s) = (self.hd, self.s);
-        mm(
+    /// A score buffer for one query block: `QUERY_BLOCK` rows of [`Dims::stride`].
+    fn block_buffer(&self) -> Vec<f32> {
+        vec![0.0f32; QUERY_BLOCK.min(self.t) * self.stride()]
+    }
+
+    /// A KV head's keys or values (`[s, hd]`) transposed to `[hd, s]`, at the row stride
+    /// [`Dims::kt_stride`], zeros past `s`: the right-hand side of the score tiles, which read
+    /// up to 15 columns past a block's last key.
+    fn transposed(&self, x: &[f32]) -> Vec<f32> {
+        let (hd, ts) = (self.hd, self.kt_stride());
+        let mut out = vec![0.0f32; hd * ts];
+        for (j, row) in x[..self.s * hd].chunks_exact(hd).enumerate() {
+            for (d, &e) in row.iter().enumerate() {
+                out[d * ts + j] = e;
+            }
+        }
+        out
+    }
+
+    /// Row stride of [`Dims::transposed`].
+    fn kt_stride(&self) -> usize {
+        self.stride() + LANES
+    }
+
+    /// `out[.., ..keys] = epilogue(a b^T)` for a block of `rows` query-side rows `a`
+    /// (`[rows, hd]`) against the keys (or values) `bt`, transposed (from
+    /// [`Dims::transposed`], offset to the block's first key); `out` has row stride
+    /// [`Dims::stride`] and gets `keys` rounded up to 16 columns.
+    fn block_scores(
+        &self,
+        a: &[f32],
+        bt: &[f32],
+        rows: usize,
+        keys: usize,
+        epilogue: tiles::Epilogue,
+        out: &mut [f32],
+    ) {
+        tiles::wide(
             rows,
             keys,
-            hd,
-            (a, hd, 1),
-            (b, 1, hd),
-            (out, s),
-            false,
-            Threads::One,
+            self.hd,
+            a,
+            (bt, self.kt_stride()),
+            (out, self.stride()),
+            epilogue,
         );
+    }
+
+    /// Each row's causal limit in a block: the keys from `k0` that row `r0 + i` sees.
+    fn limits(&self, r0: usize, rows: usize, k0: usize) -> [u32; QUERY_BLOCK] {
+        let mut lim = [0u32; QUERY_BLOCK];
+        for (i, l) in lim[..rows].iter_mut().enumerate() {
+            *l = (self.visible(r0 + i) - k0) as u32;
+        }
+        lim
     }
 
     /// The query rows in blocks of at most [`QUERY_BLOCK`]: `(first row, rows, first key, keys

@@ -25,11 +25,18 @@ fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4> {
 /// Packed rows: the kernel with per-query document starts against Burn's attention with the
 /// equivalent block-diagonal causal mask, values and q/k/v gradients. Boundaries fall inside
 /// the first 64-row query block and a document crosses its end; a one-token document; one
-/// row is a single document.
+/// row is a single document. At `hd = 8` the products run on `gemm`, at 32 on the register
+/// tiles where the CPU has AVX-512.
 #[test]
 fn fused_attention_keeps_packed_documents_apart() {
+    for hd in [8, 32] {
+        packed_documents_case(hd);
+    }
+}
+
+fn packed_documents_case(hd: usize) {
     let device = Device::flex().autodiff();
-    let (b, hq, hkv, t, hd) = (3, 4, 2, 100, 8);
+    let (b, hq, hkv, t) = (3, 4, 2, 100);
     let lens: [&[usize]; 3] = [&[30, 1, 45, 24], &[100], &[64, 36]];
     // Each token's document start in its row (what `Documents::starts` computes), and the
     // composed attention's equivalent mask: `true` for a future key or one before the start.
@@ -82,18 +89,20 @@ fn fused_attention_keeps_packed_documents_apart() {
         .abs()
         .max()
         .into_scalar::<f32>();
-    assert!(value <= 2e-5, "outputs differ by {value}");
+    assert!(value <= 2e-5, "hd {hd}: outputs differ by {value}");
     let ga = (fused * d_out.clone()).sum().backward();
     let gb = (reference * d_out).sum().backward();
     for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
         let (a, c) = (x.grad(&ga).unwrap(), x.grad(&gb).unwrap());
         let diff = (a - c).abs().max().into_scalar::<f32>();
-        assert!(diff <= 5e-5, "d{name} differs by {diff}");
+        assert!(diff <= 5e-5, "hd {hd}: d{name} differs by {diff}");
     }
 }
 
 /// Values and the gradients of q, k and v against Burn's attention (GQA by repeating KV
-/// heads), on Flex with autodiff; `s > t` checks the bottom-right causal alignment.
+/// heads), on Flex with autodiff; `s > t` checks the bottom-right causal alignment. Head sizes
+/// 32, 64 and 128 run on the register tiles (where the CPU has AVX-512), with row and key
+/// counts that leave partial tiles and query blocks.
 #[test]
 fn fused_attention_matches_the_composed_attention() {
     let device = Device::flex().autodiff();
@@ -102,6 +111,9 @@ fn fused_attention_matches_the_composed_attention() {
         (1, 8, 4, 64, 64, 32),
         (2, 2, 1, 5, 12, 16),
         (1, 3, 3, 1, 1, 4),
+        (1, 4, 2, 150, 157, 32),
+        (1, 2, 1, 70, 70, 64),
+        (1, 2, 2, 37, 41, 128),
     ] {
         let normal = Distribution::Normal(0.0, 1.0);
         let q = Tensor::<4>::random([b, hq, t, hd], normal, &device).require_grad();
