@@ -6,8 +6,8 @@
 //! and the query heads that read it (no copies, no races on `dk`, `dv`):
 //!
 //! - forward, per query row: scores against the visible keys (bottom-right causal alignment, as
-//!   with a KV cache), max, `exp` (vectorised), the weighted sum of values; only the row's
-//!   log-sum-exp is saved;
+//!   with a KV cache), max, `exp` (vectorised), the weighted sum of values divided by the sum of
+//!   the exponentials; only the row's log-sum-exp is saved;
 //! - backward, per query row: the probabilities recomputed from the saved log-sum-exp,
 //!   `dP = dO V^T`, `dS = P (dP - rowsum(dO * O))`, then `dQ = s dS K`, `dK += s dS^T Q`,
 //!   `dV += P^T dO`.
@@ -18,10 +18,14 @@
 //! cover only the block's own document: keys of other documents are never computed, and a row of
 //! short documents costs less than one long causal row.
 //!
-//! The products run through the `gemm` crate (the kernel Flex's matmul uses) on score blocks of
-//! 64 query rows against the keys visible to the block's last row, one head at a time, on the
-//! task's thread: the causal triangle costs only its part inside each block's diagonal tile,
-//! and a block's buffer is `64 x s` floats (1 MB at 4096 keys).
+//! The products work on blocks of 64 query rows against the keys visible to the block's last
+//! row, one head at a time, on the task's thread: the causal triangle costs only its part inside
+//! each block's diagonal tile, and a block's score buffer is `64 x s` floats (1 MB at 4096
+//! keys). At `head_dim` 32, 64 and 128 on AVX-512 they run on register tiles ([`tiles`]) that
+//! read the operands in place; the row passes ride on the score tiles (the forward's row max,
+//! the backward's probabilities and score gradients), and the softmax's division is applied to
+//! the output rows instead of the probabilities. Elsewhere the same products run through
+//! `gemm` with the same epilogues as separate row passes.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

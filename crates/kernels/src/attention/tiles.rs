@@ -1,17 +1,22 @@
-//! The attention's products on register tiles, for `head_dim` 32, 64 or 128 on AVX-512.
+//! The attention's products on register tiles, on AVX-512.
 //!
-//! At these head sizes every product of the attention has one small side: the score products
-//! (`S = Q K^T`, `dP = dO V^T`) reduce over `hd` only, and the others (`O = P V`, `dQ = dS K`,
-//! `dK = dS^T Q`, `dV = P^T dO`) write `hd` columns. Through `gemm` each call packs both
-//! operands and runs its narrow edge micro-kernel (two registers wide at `hd = 32`). The tiles
-//! here read the operands where they lie and keep a whole output tile in registers:
+//! At the usual head sizes every product of the attention has one small side: the score
+//! products (`S = Q K^T`, `dP = dO V^T`) reduce over `hd` only, and the others (`O = P V`,
+//! `dQ = dS K`, `dK = dS^T Q`, `dV = P^T dO`) write `hd` columns. Through `gemm` each call packs
+//! both operands, and at `hd = 32` runs its edge micro-kernel two registers wide. The tiles here
+//! read the operands where they lie and keep a whole output tile in registers:
 //!
-//! - [`narrow`]: `c[m, hd] (+)= beta a b`, `a: [m, k]` at any strides, `b: [k, hd]` row-major:
-//!   `R` output rows times `hd / 16` registers, one broadcast of `a` per row and step;
-//! - [`wide`]: `c[m, n] = beta a bt`, `a: [m, hd]` row-major, `bt: [hd, n]` row-major (the
-//!   keys or values transposed once per task): 8 rows times 3 registers of 16 columns.
+//! - [`wide`] (`hd` 32, 64 or 128): `c[m, n] = epilogue(a bt)`, `a: [m, hd]` row-major,
+//!   `bt: [hd, n]` row-major (the keys or values transposed once per task): 8 rows times 3
+//!   registers of 16 columns, and the softmax's row work on the tile while it is in registers
+//!   (see [`Epilogue`]);
+//! - [`narrow`] (`hd = 32` only): `c[m, 32] (+)= beta a b`, `a: [m, k]` at any strides,
+//!   `b: [k, 32]` row-major: 12 output rows times 2 registers, one broadcast of `a` per row and
+//!   step. At 64 and 128 `gemm`'s own kernels are faster than such tiles (measured in
+//!   `benches/README.md`), so those sizes keep `gemm` for these products.
 //!
-//! Other head sizes and CPUs without AVX-512 take `gemm` (`mm_scaled`) on the same operands.
+//! Other head sizes and CPUs without AVX-512 take `gemm` (`mm_scaled`) on the same operands,
+//! with the epilogues as passes over the rows.
 
 use crate::exp::exp_f32;
 use crate::mm::{Threads, mm_scaled};
@@ -19,7 +24,12 @@ use crate::mm::{Threads, mm_scaled};
 /// Floats in one AVX-512 register.
 const W: usize = 16;
 
-/// Whether the tiles run here for this head size.
+/// Whether the [`narrow`] tiles run here for this head size.
+fn narrow_available(hd: usize) -> bool {
+    hd == 32 && available(hd)
+}
+
+/// Whether the [`wide`] tiles run here for this head size.
 pub(super) fn available(hd: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -54,10 +64,11 @@ pub(super) fn narrow(
     accumulate: bool,
     beta: f32,
 ) {
-    narrow_on(available(hd), m, k, hd, a, b, c, accumulate, beta);
+    narrow_on(narrow_available(hd), m, k, hd, a, b, c, accumulate, beta);
 }
 
-/// [`narrow`] on the tiles when `tiles` (which [`available`] must allow), else on `gemm`.
+/// [`narrow`] on the tiles when `tiles` (which [`narrow_available`] must allow), else on
+/// `gemm`.
 #[allow(clippy::too_many_arguments)]
 fn narrow_on(
     tiles: bool,
@@ -78,18 +89,11 @@ fn narrow_on(
     }
     #[cfg(target_arch = "x86_64")]
     if tiles {
+        assert_eq!(hd, 32, "the narrow tiles are two registers wide");
         let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
         // SAFETY: AVX-512 was detected; the asserts keep every index the tiles touch inside
         // the slices (rows `< m`, steps `< k`, columns `< hd`), and `c` is a distinct `&mut`.
-        unsafe {
-            match hd {
-                32 => {
-                    avx512::narrow::<2, 12>(m, k, (a, a_rs, a_cs), b, (c, c_rs), accumulate, beta)
-                }
-                64 => avx512::narrow::<4, 4>(m, k, (a, a_rs, a_cs), b, (c, c_rs), accumulate, beta),
-                _ => avx512::narrow::<8, 2>(m, k, (a, a_rs, a_cs), b, (c, c_rs), accumulate, beta),
-            }
-        }
+        unsafe { avx512::narrow::<2, 12>(m, k, (a, a_rs, a_cs), b, (c, c_rs), accumulate, beta) };
         return;
     }
     mm_scaled(
@@ -530,48 +534,71 @@ mod avx512 {
         // SAFETY (all pointer offsets): inside the tile, as the caller vouches.
         let (a, bt) = unsafe { (a.add(r0 * HD), bt.add(j0)) };
         let mut acc = [[_mm512_setzero_ps(); J]; R];
-        for d in 0..HD {
-            let btd = unsafe { bt.add(d * bt_rs) };
-            let mut bv = [_mm512_setzero_ps(); J];
-            for (j, x) in bv.iter_mut().enumerate() {
-                *x = unsafe { _mm512_loadu_ps(btd.add(j * W)) };
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(unsafe { *a.add(r * HD + d) });
-                for (x, bx) in row.iter_mut().zip(&bv) {
-                    *x = _mm512_fmadd_ps(w, *bx, *x);
+        // Two steps per iteration (`HD` is even).
+        for d2 in 0..HD / 2 {
+            for d in [2 * d2, 2 * d2 + 1] {
+                let btd = unsafe { bt.add(d * bt_rs) };
+                let mut bv = [_mm512_setzero_ps(); J];
+                for (j, x) in bv.iter_mut().enumerate() {
+                    *x = unsafe { _mm512_loadu_ps(btd.add(j * W)) };
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let w = _mm512_set1_ps(unsafe { *a.add(r * HD + d) });
+                    for (x, bx) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_fmadd_ps(w, *bx, *x);
+                    }
                 }
             }
         }
-        // Column index of each lane of register `j`, for the causal limits.
-        let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let column = |j: usize| _mm512_add_epi32(iota, _mm512_set1_epi32((j0 + j * W) as i32));
-        for (r, row) in acc.iter().enumerate() {
-            let at = (r0 + r) * c_rs + j0;
-            for (j, x) in row.iter().enumerate() {
-                let out = unsafe { c.add(at + j * W) };
-                let y = match epi {
-                    Epi::Max { scale, lim, lanes } => unsafe {
-                        let y = _mm512_mul_ps(*x, _mm512_set1_ps(scale));
-                        let limit = _mm512_set1_epi32(*lim.add(r0 + r) as i32);
-                        let seen = _mm512_cmplt_epi32_mask(column(j), limit);
+        // Lanes of register `j` before row limit `l`: all 16 but near the diagonal.
+        let seen = |j: usize, l: usize| -> __mmask16 {
+            let valid = l.saturating_sub(j0 + j * W).min(W);
+            ((1u32 << valid) - 1) as __mmask16
+        };
+        // One loop per epilogue, so that each unrolls with the accumulators in registers.
+        match epi {
+            Epi::Max { scale, lim, lanes } => {
+                let scale = _mm512_set1_ps(scale);
+                for (r, row) in acc.iter().enumerate() {
+                    let at = (r0 + r) * c_rs + j0;
+                    let l = unsafe { *lim.add(r0 + r) } as usize;
+                    let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+                    for (j, x) in row.iter().enumerate() {
+                        let y = _mm512_mul_ps(*x, scale);
+                        unsafe { _mm512_storeu_ps(c.add(at + j * W), y) };
+                        max = _mm512_mask_max_ps(max, seen(j, l), max, y);
+                    }
+                    unsafe {
                         let lane = lanes.add((r0 + r) * W);
-                        let old = _mm512_loadu_ps(lane);
-                        _mm512_storeu_ps(lane, _mm512_mask_max_ps(old, seen, old, y));
-                        y
-                    },
-                    Epi::Probs { scale, lim, lse } => unsafe {
-                        let lse = _mm512_set1_ps(*lse.add(r0 + r));
-                        let e = exp(_mm512_fmsub_ps(*x, _mm512_set1_ps(scale), lse));
-                        let limit = _mm512_set1_epi32(*lim.add(r0 + r) as i32);
-                        _mm512_maskz_mov_ps(_mm512_cmplt_epi32_mask(column(j), limit), e)
-                    },
-                    Epi::ScoreGrad { p, dd } => unsafe {
-                        let p = _mm512_loadu_ps(p.add(at + j * W));
-                        _mm512_mul_ps(p, _mm512_sub_ps(*x, _mm512_set1_ps(*dd.add(r0 + r))))
-                    },
-                };
-                unsafe { _mm512_storeu_ps(out, y) };
+                        _mm512_storeu_ps(lane, _mm512_max_ps(_mm512_loadu_ps(lane), max));
+                    }
+                }
+            }
+            Epi::Probs { scale, lim, lse } => {
+                let scale = _mm512_set1_ps(scale);
+                for (r, row) in acc.iter().enumerate() {
+                    let at = (r0 + r) * c_rs + j0;
+                    let (l, lse) = unsafe { (*lim.add(r0 + r) as usize, *lse.add(r0 + r)) };
+                    let lse = _mm512_set1_ps(lse);
+                    for (j, x) in row.iter().enumerate() {
+                        let e = exp(_mm512_fmsub_ps(*x, scale, lse));
+                        let e = _mm512_maskz_mov_ps(seen(j, l), e);
+                        unsafe { _mm512_storeu_ps(c.add(at + j * W), e) };
+                    }
+                }
+            }
+            Epi::ScoreGrad { p, dd } => {
+                for (r, row) in acc.iter().enumerate() {
+                    let at = (r0 + r) * c_rs + j0;
+                    let dd = _mm512_set1_ps(unsafe { *dd.add(r0 + r) });
+                    for (j, x) in row.iter().enumerate() {
+                        unsafe {
+                            let p = _mm512_loadu_ps(p.add(at + j * W));
+                            let y = _mm512_mul_ps(p, _mm512_sub_ps(*x, dd));
+                            _mm512_storeu_ps(c.add(at + j * W), y);
+                        }
+                    }
+                }
             }
         }
     }
@@ -656,16 +683,16 @@ mod tests {
     }
 
     /// The paths to test on this machine: `gemm`, and the tiles where they run.
-    fn paths(hd: usize) -> Vec<bool> {
-        if available(hd) {
+    fn paths(tiles: bool) -> Vec<bool> {
+        if tiles {
             vec![false, true]
         } else {
             vec![false]
         }
     }
 
-    /// `narrow` against the f64 product on both paths, at every head size with tiles and row
-    /// counts that leave each remainder of the row tiles: `a` row-major (as `P`, `dS`) and
+    /// `narrow` against the f64 product on its paths (the tiles at `hd = 32`, `gemm` at every
+    /// size), with row counts that leave each remainder of the row tiles: `a` row-major (as `P`, `dS`) and
     /// transposed (as `dS^T`, accumulating), into a strided `c`; steps past one slice.
     #[test]
     fn narrow_products_match_the_reference() {
@@ -683,7 +710,7 @@ mod tests {
                 for (a_rs, a_cs, accumulate) in [(k, 1, false), (1, m, true)] {
                     let c_rs = hd + 5;
                     let start = filled(m * c_rs, 3);
-                    for tiles in paths(hd) {
+                    for tiles in paths(narrow_available(hd)) {
                         let mut got = start.clone();
                         let c = (&mut got[..], c_rs);
                         narrow_on(tiles, m, k, hd, (&a, a_rs, a_cs), &b, c, accumulate, 0.7);
@@ -720,7 +747,7 @@ mod tests {
                 let lse: Vec<f32> = (0..m).map(|r| r as f32 * 0.1).collect();
                 let dd: Vec<f32> = (0..m).map(|r| 0.3 - r as f32 * 0.05).collect();
                 let x = |r: usize, j: usize| product((m, n, hd), (&a, hd, 1), (&bt, bt_rs), r, j);
-                for tiles in paths(hd) {
+                for tiles in paths(available(hd)) {
                     let mut scores = vec![f32::NAN; m * c_rs];
                     let mut max = vec![-1.0f32; m];
                     let epi = Epilogue::Max {
