@@ -18,15 +18,11 @@ pub(crate) fn mm(
     k: usize,
     a: (&[f32], usize, usize),
     b: (&[f32], usize, usize),
-    (c, c_rs): (&mut [f32], usize),
+    c: (&mut [f32], usize),
     accumulate: bool,
     threads: Threads,
 ) {
-    assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
-    let scale = if accumulate { Some(1.0) } else { None };
-    // SAFETY: `c` is a distinct `&mut` slice (no aliasing with `a` or `b`) that the assert keeps
-    // every destination index inside.
-    unsafe { mm_raw(m, n, k, a, b, (c.as_mut_ptr(), c_rs), scale, 1.0, threads) }
+    mm_scaled(m, n, k, a, b, c, accumulate.then_some(1.0), 1.0, threads);
 }
 
 /// `c = alpha c + beta (a @ b)` (operands as in [`mm`]): one pass of `gemm` that also scales
@@ -45,7 +41,8 @@ pub(crate) fn mm_scaled(
     threads: Threads,
 ) {
     assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
-    // SAFETY: as in `mm`.
+    // SAFETY: `c` is a distinct `&mut` slice (no aliasing with `a` or `b`) that the assert keeps
+    // every destination index inside.
     unsafe { mm_raw(m, n, k, a, b, (c.as_mut_ptr(), c_rs), alpha, beta, threads) }
 }
 
@@ -136,7 +133,7 @@ pub(crate) fn mm_new(
 }
 
 /// Elements a `rows x cols` operand at these strides spans.
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+pub(crate) fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
     if rows == 0 || cols == 0 {
         0
     } else {

@@ -19,7 +19,7 @@
 //! with the epilogues as passes over the rows.
 
 use crate::exp::exp_f32;
-use crate::mm::{Threads, mm_scaled};
+use crate::mm::{Threads, extent, mm_scaled};
 
 /// Floats in one AVX-512 register.
 const W: usize = 16;
@@ -31,23 +31,18 @@ fn narrow_available(hd: usize) -> bool {
 
 /// Whether the [`wide`] tiles run here for this head size.
 pub(super) fn available(hd: usize) -> bool {
+    matches!(hd, 32 | 64 | 128) && has_avx512()
+}
+
+/// Whether this CPU has AVX-512 (F).
+fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(hd, 32 | 64 | 128) && std::arch::is_x86_feature_detected!("avx512f")
+        std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = hd;
         false
-    }
-}
-
-/// Last index read or written (plus one) of an `rows x cols` matrix at strides `(rs, cs)`.
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
-    if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
     }
 }
 
@@ -158,7 +153,7 @@ fn wide_on(
     a: &[f32],
     (bt, bt_rs): (&[f32], usize),
     (c, c_rs): (&mut [f32], usize),
-    epilogue: Epilogue,
+    mut epilogue: Epilogue,
 ) {
     let cols = n.next_multiple_of(W);
     assert!(a.len() >= m * hd, "lhs out of bounds");
@@ -230,7 +225,6 @@ fn wide_on(
         beta,
         Threads::One,
     );
-    let mut epilogue = epilogue;
     for r in 0..m {
         let row = &mut c[r * c_rs..r * c_rs + n];
         match &mut epilogue {
@@ -244,10 +238,10 @@ fn wide_on(
 /// `row[..n] = exp(row[..n] - max)` in place, `row[n..] = 0`; returns the sum of the
 /// exponentials (the forward's softmax numerators).
 pub(super) fn exp_row(row: &mut [f32], n: usize, max: f32) -> f32 {
-    exp_row_on(available(32), row, n, max)
+    exp_row_on(has_avx512(), row, n, max)
 }
 
-/// [`exp_row`] in AVX-512 when `tiles` (which [`available`] must allow).
+/// [`exp_row`] in AVX-512 when `tiles` (which [`has_avx512`] must allow).
 fn exp_row_on(tiles: bool, row: &mut [f32], n: usize, max: f32) -> f32 {
     assert!(n <= row.len(), "row limit out of bounds");
     #[cfg(target_arch = "x86_64")]
@@ -668,15 +662,13 @@ mod tests {
 
     /// `sum_kk a[r, kk] b[kk, j]` in f64, `a` at strides `(a_rs, a_cs)`, `b` at row stride
     /// `b_rs`.
-    #[allow(clippy::too_many_arguments)]
     fn product(
-        (m, n, k): (usize, usize, usize),
+        k: usize,
         (a, a_rs, a_cs): (&[f32], usize, usize),
         (b, b_rs): (&[f32], usize),
         r: usize,
         j: usize,
     ) -> f64 {
-        let _ = (m, n);
         (0..k)
             .map(|kk| f64::from(a[r * a_rs + kk * a_cs]) * f64::from(b[kk * b_rs + j]))
             .sum()
@@ -717,7 +709,7 @@ mod tests {
                         for r in 0..m {
                             for j in 0..hd {
                                 let base = if accumulate { start[r * c_rs + j] } else { 0.0 };
-                                let p = product((m, hd, k), (&a, a_rs, a_cs), (&b, hd), r, j);
+                                let p = product(k, (&a, a_rs, a_cs), (&b, hd), r, j);
                                 let want = f64::from(base) + 0.7 * p;
                                 let diff = (f64::from(got[r * c_rs + j]) - want).abs();
                                 assert!(diff <= 1e-5 * k as f64, "{tiles} {hd} {m} {k} {a_rs}");
@@ -746,7 +738,7 @@ mod tests {
                 let lim: Vec<u32> = (0..m).map(|r| (n - (r * 7) % n) as u32).collect();
                 let lse: Vec<f32> = (0..m).map(|r| r as f32 * 0.1).collect();
                 let dd: Vec<f32> = (0..m).map(|r| 0.3 - r as f32 * 0.05).collect();
-                let x = |r: usize, j: usize| product((m, n, hd), (&a, hd, 1), (&bt, bt_rs), r, j);
+                let x = |r: usize, j: usize| product(hd, (&a, hd, 1), (&bt, bt_rs), r, j);
                 for tiles in paths(available(hd)) {
                     let mut scores = vec![f32::NAN; m * c_rs];
                     let mut max = vec![-1.0f32; m];
