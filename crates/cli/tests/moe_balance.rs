@@ -1,15 +1,41 @@
-//! The shipped MoE default stays balanced: 40 steps of `configs/tiny_moe.toml` as shipped (its
-//! model, data, batch and balancing settings, one flex device), and from step 30 on every step
-//! has every MoE layer's whole-step max/mean expert load at most 1.5 and no idle expert. The
-//! previous default (no training-time capacity) failed this: its worst layer sat at max/mean
-//! 3.9-4.0 with up to half the experts idle from step 10 on (`experiments/005-moe-balance`).
+//! The shipped MoE default, run whole (`configs/tiny_moe.toml` as shipped: its model, data,
+//! batch, 150 steps and balancing settings, one flex device): the load figures say which routing
+//! they measure, and the router's own choice (how validation, eval, generate and an export
+//! route) ends balanced.
+//!
+//! What this checks, and what it does not:
+//! - every logged step records the router's own choice (`moe_router`) and, under the shipped
+//!   training-time capacity, the capped assignment beside it (`moe_capped`); `moe_worst`
+//!   headlines the router's own figure;
+//! - the two differ while the router is collapsed (steps 10-40 read max/mean 3-4 for the router
+//!   and at most the capacity for the capped assignment), which a figure of the capped
+//!   assignment alone hid before (`experiments/005-moe-balance`, third round);
+//! - at the last step every layer's own choice is at max/mean <= 1.5 with no idle expert.
+//!
+//! The target, the router's own choice balanced at every logged step from step 50 on,
+//! is not met by any setting measured so far (experiment 005, third round); this test asserts
+//! what the shipped default does.
 
 mod common;
 
 use common::{ok, qwen_burn, s};
+use serde_json::Value;
+
+fn worst(layers: &Value) -> f64 {
+    layers
+        .as_array()
+        .expect("per-layer statistics")
+        .iter()
+        .map(|l| {
+            l["max_over_mean_load"]
+                .as_f64()
+                .expect("max_over_mean_load")
+        })
+        .fold(0.0, f64::max)
+}
 
 #[test]
-fn the_shipped_moe_default_does_not_collapse() {
+fn the_shipped_moe_default_reports_its_routers_own_balance() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = dir.path().join("run");
     let cache = dir.path().join("shards");
@@ -21,14 +47,10 @@ fn the_shipped_moe_default_does_not_collapse() {
             "configs/tiny_moe.toml",
             "--run-dir",
             s(&run),
-            "--max-steps",
-            "40",
             "--device",
             "flex",
             "--set",
             &cache_set,
-            "--set",
-            "logging.interval=1",
             "--set",
             "training.eval_interval=0",
             "--set",
@@ -39,29 +61,60 @@ fn the_shipped_moe_default_does_not_collapse() {
         &[],
     );
     ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("router's own choice: worst layer"),
+        "the progress line names the router's own figure:\n{stdout}"
+    );
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).expect("metrics.jsonl");
-    let mut checked = 0;
-    for line in metrics.lines() {
-        let r: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
+    let train: Vec<Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON record"))
+        .filter(|r| r["split"] == "train")
+        .collect();
+    assert_eq!(train.len(), 16, "steps 1, 10, ..., 150 are logged");
+    let mut collapsed_while_capped_balanced = 0;
+    for r in &train {
         let step = r["step"].as_u64().expect("step");
-        if r["split"] != "train" || step < 30 {
-            continue;
+        let router = worst(&r["moe_router"]);
+        let capped = worst(&r["moe_capped"]);
+        assert_eq!(r["moe_router"].as_array().map(Vec::len), Some(4));
+        let headline = r["moe_worst"]["router_max_over_mean_load"]
+            .as_f64()
+            .expect("moe_worst.router_max_over_mean_load");
+        assert_eq!(
+            headline, router,
+            "step {step}: moe_worst headlines the router"
+        );
+        assert_eq!(
+            r["moe_worst"]["capped_max_over_mean_load"].as_f64(),
+            Some(capped),
+            "step {step}"
+        );
+        if (10..=40).contains(&step) && router > 2.0 && capped <= 1.2 {
+            collapsed_while_capped_balanced += 1;
         }
-        let layers = r["moe"].as_array().expect("per-layer MoE statistics");
-        assert_eq!(layers.len(), 4, "step {step}: {layers:?}");
-        for (i, l) in layers.iter().enumerate() {
-            let load = l["max_over_mean_load"]
-                .as_f64()
-                .expect("max_over_mean_load");
-            let dead = l["dead_expert_fraction"]
-                .as_f64()
-                .expect("dead_expert_fraction");
-            assert!(
-                load <= 1.5 && dead == 0.0,
-                "step {step}, layer {i}: max/mean load {load}, idle experts {dead}"
-            );
-        }
-        checked += 1;
     }
-    assert_eq!(checked, 11, "steps 30..=40 are all logged");
+    assert!(
+        collapsed_while_capped_balanced >= 2,
+        "the router's own figure and the capped one are told apart during the early collapse"
+    );
+    let last = train.last().expect("a last step");
+    for (i, l) in last["moe_router"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .enumerate()
+    {
+        let load = l["max_over_mean_load"]
+            .as_f64()
+            .expect("max_over_mean_load");
+        let idle = l["idle_expert_fraction"]
+            .as_f64()
+            .expect("idle_expert_fraction");
+        assert!(
+            load <= 1.5 && idle == 0.0,
+            "step 150, layer {i}: the router's own max/mean load {load}, idle experts {idle}"
+        );
+    }
 }

@@ -8,7 +8,7 @@ use crate::config::Qwen3Config;
 use crate::documents::DocumentMask;
 use crate::kv_cache::LayerCache;
 use crate::mlp::Mlp;
-use crate::moe::{RouterOutput, SparseMoe};
+use crate::moe::{RouterOutput, Routing, SparseMoe};
 use crate::rms_norm::RmsNorm;
 use crate::rope::RopeTables;
 
@@ -57,6 +57,8 @@ impl DecoderLayer {
         }
     }
 
+    /// `training`: route as a training forward (see [`Routing`]).
+    ///
     /// # Shapes
     /// - `x`: `[b, t, hidden]` -> `[b, t, hidden]`
     pub fn forward(
@@ -66,7 +68,12 @@ impl DecoderLayer {
         mask: Option<&Tensor<4, Bool>>,
         docs: Option<&DocumentMask>,
         cache: Option<&mut LayerCache>,
+        training: bool,
     ) -> (Tensor<3>, Option<RouterOutput>) {
+        let routing = Routing {
+            training,
+            positions: docs.map(|d| d.documents().positions()),
+        };
         let h = x.clone()
             + self
                 .self_attn
@@ -75,7 +82,7 @@ impl DecoderLayer {
         match &self.mlp {
             FeedForward::Dense(mlp) => (h + mlp.forward(normed), None),
             FeedForward::Sparse(moe) => {
-                let (y, router) = moe.forward(normed);
+                let (y, router) = moe.forward(normed, routing);
                 (h + y, Some(router))
             }
         }

@@ -140,6 +140,11 @@ impl<'a> DocumentMask<'a> {
         }
     }
 
+    /// The layout.
+    pub fn documents(&self) -> &'a Documents {
+        self.docs
+    }
+
     /// Each token's document start, `[b, t]`.
     pub fn starts(&self) -> &Arc<[u32]> {
         self.docs.starts()

@@ -10,7 +10,7 @@ use crate::documents::{DocumentMask, Documents};
 use crate::kv_cache::KvCache;
 use crate::loss::cross_entropy_sum;
 use crate::mlp::linear;
-use crate::moe::RouterOutput;
+use crate::moe::{RouterOutput, Routing};
 use crate::projection::{project, widened};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{RopeTables, rope_frequencies};
@@ -55,6 +55,19 @@ pub struct LayerInputs<'a> {
     rope: RopeTables,
     mask: Option<Tensor<4, Bool>>,
     doc_mask: Option<DocumentMask<'a>>,
+    /// Route as a training forward (MoE capacity, router-input sums): by default, whether the
+    /// device records gradients.
+    training: bool,
+}
+
+impl LayerInputs<'_> {
+    /// Route the MoE layers as a training forward (or not) whatever the device: activation
+    /// checkpointing runs the training forward without autodiff and must route as its
+    /// recomputation with autodiff does.
+    pub fn with_training_routing(mut self, training: bool) -> Self {
+        self.training = training;
+        self
+    }
 }
 
 impl Qwen3ForCausalLM {
@@ -168,6 +181,7 @@ impl Qwen3ForCausalLM {
             rope,
             mask,
             doc_mask,
+            training,
         } = self.layer_inputs(&input_ids, attention_mask, docs, cache.as_deref_mut());
 
         // 3. Embed and run the stack.
@@ -176,8 +190,14 @@ impl Qwen3ForCausalLM {
         let mut routers = Vec::new();
         for (i, layer) in self.model.layers.iter().enumerate() {
             let layer_cache = cache.as_mut().map(|c| &mut c.layers[i]);
-            let (y, router) =
-                layer.forward(x, &rope, mask.as_ref(), doc_mask.as_ref(), layer_cache);
+            let (y, router) = layer.forward(
+                x,
+                &rope,
+                mask.as_ref(),
+                doc_mask.as_ref(),
+                layer_cache,
+                training,
+            );
             x = y;
             routers.extend(router);
         }
@@ -233,6 +253,7 @@ impl Qwen3ForCausalLM {
             rope,
             mask,
             doc_mask,
+            training: Routing::for_device(&device).training,
         }
     }
 
@@ -278,6 +299,7 @@ impl Qwen3ForCausalLM {
             inputs.mask.as_ref(),
             inputs.doc_mask.as_ref(),
             None,
+            inputs.training,
         )
     }
 

@@ -6,7 +6,7 @@
 
 use burn::tensor::{Device, Distribution, Tensor};
 use qwen_burn_model::Qwen3Config;
-use qwen_burn_model::moe::{SparseMoe, capacity_limited_topk};
+use qwen_burn_model::moe::{Routing, SparseMoe, capacity_limited_topk};
 use serde_json::json;
 
 /// Deterministic pseudo-random scores.
@@ -40,7 +40,7 @@ fn every_prefix_stays_under_the_capacity_with_k_distinct_experts() {
                 }
             }
         }
-        let ids = capacity_limited_topk(&sc, rows, t, e, k, factor);
+        let ids = capacity_limited_topk(&sc, rows, t, e, k, factor, None);
         assert_eq!(ids.len(), rows * t * k);
         for r in 0..rows {
             let mut load = vec![0usize; e];
@@ -76,7 +76,7 @@ fn every_prefix_stays_under_the_capacity_with_k_distinct_experts() {
 fn the_assignment_is_causal_per_sequence_and_plain_top_k_when_the_limit_does_not_bind() {
     let (rows, t, e, k) = (2, 40, 8, 2);
     let sc = scores(rows * t * e, 9);
-    let ids = capacity_limited_topk(&sc, rows, t, e, k, 1.1);
+    let ids = capacity_limited_topk(&sc, rows, t, e, k, 1.1, None);
     // Later tokens of row 0 and all of row 1 change: row 0's first 20 tokens keep their experts.
     let mut other = sc.clone();
     for (i, v) in other.iter_mut().enumerate() {
@@ -84,13 +84,13 @@ fn the_assignment_is_causal_per_sequence_and_plain_top_k_when_the_limit_does_not
             *v = 1.0 - *v;
         }
     }
-    let moved = capacity_limited_topk(&other, rows, t, e, k, 1.1);
+    let moved = capacity_limited_topk(&other, rows, t, e, k, 1.1, None);
     assert_eq!(&ids[..20 * k], &moved[..20 * k]);
     // A row alone routes as inside the batch.
-    let alone = capacity_limited_topk(&sc[t * e..], 1, t, e, k, 1.1);
+    let alone = capacity_limited_topk(&sc[t * e..], 1, t, e, k, 1.1, None);
     assert_eq!(&ids[t * k..], &alone[..]);
     // A limit that never binds: each token's best k, best first.
-    let free = capacity_limited_topk(&sc, rows, t, e, k, e as f64 / k as f64 * 2.0);
+    let free = capacity_limited_topk(&sc, rows, t, e, k, e as f64 / k as f64 * 2.0, None);
     for i in 0..rows * t {
         let s = &sc[i * e..(i + 1) * e];
         let mut order: Vec<usize> = (0..e).collect();
@@ -98,6 +98,33 @@ fn the_assignment_is_causal_per_sequence_and_plain_top_k_when_the_limit_does_not
         let want: Vec<i64> = order[..k].iter().map(|&x| x as i64).collect();
         assert_eq!(&free[i * k..(i + 1) * k], &want[..], "token {i}");
     }
+}
+
+#[test]
+fn each_packed_document_is_routed_as_if_alone() {
+    // One row of three documents (lengths 30, 25, 45) against each document alone, on scores
+    // that rank the experts alike for every token (so the capacity binds everywhere).
+    let (e, k, lens) = (8, 2, [30usize, 25, 45]);
+    let t: usize = lens.iter().sum();
+    let noise = scores(t * e, 5);
+    let sc: Vec<f32> = (0..t * e)
+        .map(|i| (i % e) as f32 + 0.01 * noise[i])
+        .collect();
+    let positions: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
+    let packed = capacity_limited_topk(&sc, 1, t, e, k, 1.1, Some(&positions));
+    let mut start = 0;
+    for &n in &lens {
+        let alone = capacity_limited_topk(&sc[start * e..(start + n) * e], 1, n, e, k, 1.1, None);
+        assert_eq!(
+            &packed[start * k..(start + n) * k],
+            &alone[..],
+            "document at {start}"
+        );
+        start += n;
+    }
+    // Counting the row as one sequence routes the later documents differently.
+    let whole = capacity_limited_topk(&sc, 1, t, e, k, 1.1, None);
+    assert_ne!(&whole[30 * k..], &packed[30 * k..]);
 }
 
 #[test]
@@ -125,7 +152,7 @@ fn a_training_forward_routes_under_the_capacity_and_reports_the_uncapped_choice(
         let base = Tensor::<3>::random([1, 1, 16], Distribution::Normal(0.0, 1.0), &device);
         let noise = Tensor::<3>::random([2, 64, 16], Distribution::Normal(0.0, 1e-4), &device);
         let x = base.expand([2, 64, 16]) + noise;
-        let (_, router) = layer.forward(x);
+        let (_, router) = layer.forward(x, Routing::for_device(&device));
         let counts = &router.expert_counts;
         assert_eq!(counts.iter().sum::<usize>(), 2 * 64 * 2);
         if autodiff {

@@ -87,6 +87,7 @@ const CONFIG_KEYS: &[&str] = &[
     "norm_topk_prob",
     "router_aux_loss_coef",
     "router_capacity_factor",
+    "router_centering",
     "torch_dtype",
     "dtype",
     "architectures",

@@ -6,7 +6,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::moe::{SparseMoe, naive_forward};
+use qwen_burn_model::moe::{Routing, SparseMoe, naive_forward};
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use serde_json::json;
 
@@ -55,7 +55,7 @@ fn check(device: Device, norm_topk_prob: bool) {
     let x = random([3, 5, 24], 11, &device).require_grad();
     let r = random([3, 5, 24], 12, &device);
 
-    let (sparse, router) = moe.forward(x.clone());
+    let (sparse, router) = moe.forward(x.clone(), Routing::for_device(&x.device()));
     let dense = naive_forward(&moe, x.clone());
     let out_diff = max_diff(sparse.clone(), dense.clone());
     assert_eq!(router.expert_counts.iter().sum::<usize>(), 3 * 5 * 2);
@@ -146,7 +146,7 @@ fn routing_bias_changes_selection_only() {
     moe.routing_bias =
         Some(burn::module::Param::initialized(bias_id, bias).set_require_grad(false));
     let x = random([2, 4, 24], 21, &device).require_grad();
-    let (y, router) = moe.forward(x.clone());
+    let (y, router) = moe.forward(x.clone(), Routing::for_device(&x.device()));
     assert_eq!(
         router.expert_counts[5], 8,
         "the bias put expert 5 in every top-2"

@@ -279,7 +279,7 @@ pub fn bench_moe_layer(
     use burn::tensor::{Distribution, Tensor};
     use qwen_burn_model::block::FeedForward;
     use qwen_burn_model::mlp::Mlp;
-    use qwen_burn_model::moe::naive_forward;
+    use qwen_burn_model::moe::{Routing, naive_forward};
 
     let Some(moe_cfg) = &model_config.moe else {
         return Err(crate::error::TrainError::config(
@@ -319,7 +319,10 @@ pub fn bench_moe_layer(
         }
         median(&mut ts)
     };
-    let sparse_ms = time(&|| moe.forward(x.clone().require_grad()).0);
+    let sparse_ms = time(&|| {
+        moe.forward(x.clone().require_grad(), Routing::for_device(&device))
+            .0
+    });
     let naive_ms = time(&|| naive_forward(&moe, x.clone().require_grad()));
     let dense_ms = time(&|| dense.forward(x.clone().require_grad()));
     Ok(json!({

@@ -37,7 +37,7 @@ const GRAD_NORM: &str = "Gradient norm";
 const TOKENS_PER_SEC: &str = "Tokens/s";
 const MFU: &str = "MFU";
 const BPB: &str = "Bits per byte";
-const MOE_LOAD: &str = "MoE worst layer max/mean load";
+const MOE_LOAD: &str = "MoE router's own choice: worst layer max/mean load";
 const STEP: &str = "Step";
 const LOG: &str = "Log";
 
@@ -153,13 +153,7 @@ impl Dashboard {
         let mfu = r.mfu * 100.0;
         self.value(MFU, mfu, format!("{mfu:.1} %"), false);
         if let Some(w) = &r.moe_worst {
-            let load = w.max_over_mean_load;
-            let text = format!(
-                "{load:.2} (layer {}, idle experts {:.0}%)",
-                w.layer,
-                w.dead_expert_fraction * 100.0
-            );
-            self.value(MOE_LOAD, load, text, false);
+            self.value(MOE_LOAD, w.router_max_over_mean_load, w.describe(), false);
         }
         let step = format!(
             "{}/{} ({:.2}M tokens seen)",

@@ -4,7 +4,9 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{Batch, Tok};
+use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::loss::{shift_targets, targets_tensor, token_nll};
+use qwen_burn_model::moe::SparseMoe;
 use qwen_burn_model::{Qwen3ForCausalLM, SamplingConfig, generate};
 use serde::Serialize;
 
@@ -18,6 +20,9 @@ pub struct Validation {
     pub loss: f64,
     /// Bits per byte (see [`bits_per_byte`]), when the tokenizer is known.
     pub bpb: Option<f64>,
+    /// MoE with a routing bias: the fraction of token-expert choices that change without it
+    /// (see [`qwen_burn_model::moe::SparseMoe::bias_changed_choices`]).
+    pub bias_changed_choices: Option<f64>,
 }
 
 /// Bits per byte: the summed next-token loss in nats over the targets, divided by ln 2 and by
@@ -48,8 +53,24 @@ pub fn evaluate(
     let mut total = 0.0;
     let mut count = 0;
     let mut bytes = 0;
+    let (mut changed, mut choices) = (0, 0);
+    let sparse: Vec<&SparseMoe> = model
+        .model
+        .layers
+        .iter()
+        .filter_map(|l| match &l.mlp {
+            FeedForward::Sparse(moe) => Some(moe),
+            FeedForward::Dense(_) => None,
+        })
+        .collect();
     for batch in batches {
-        let (ce_sum, _, _) = forward_ce_sum(model, batch, device)?;
+        let (ce_sum, routers, _) = forward_ce_sum(model, batch, device)?;
+        for (moe, router) in sparse.iter().zip(&routers) {
+            if let Some((c, n)) = moe.bias_changed_choices(&router.logits) {
+                changed += c;
+                choices += n;
+            }
+        }
         total += read_scalar(ce_sum)?;
         count += count_targets(batch);
         if let Some(table) = token_bytes {
@@ -59,6 +80,7 @@ pub fn evaluate(
     Ok(Validation {
         loss: total / count.max(1) as f64,
         bpb: token_bytes.and_then(|_| bits_per_byte(total, bytes)),
+        bias_changed_choices: (choices > 0).then(|| changed as f64 / choices as f64),
     })
 }
 

@@ -195,45 +195,68 @@ impl Progress {
     }
 }
 
-/// The worst MoE layer of a step: what the progress line and `metrics.jsonl` (`moe_worst`) show
-/// at every logging interval, so a collapse is visible without reading per-layer figures.
+/// The worst MoE layer of a step: what the progress line, the dashboard and `metrics.jsonl`
+/// (`moe_worst`) show at every logging interval, so a collapse is visible without reading
+/// per-layer figures. `router_*` is the router's own choice (how validation, `eval`, `generate`
+/// and an export route); `capped_*`, present only under a training-time capacity, is the
+/// assignment the experts were trained on.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MoeWorst {
-    /// The layer (index among the MoE layers) with the largest max/mean load.
+    /// The layer (index among the MoE layers) whose own choice has the largest max/mean load.
     pub layer: usize,
-    /// Its max/mean expert load over the whole step (1 = balanced; `E / k` = every token of
-    /// the layer on the same `k` experts).
-    pub max_over_mean_load: f64,
-    /// The largest share of experts that received no token, over all MoE layers.
-    pub dead_expert_fraction: f64,
-    /// Under a training-time capacity: the worst layer's max/mean load of the router's own
-    /// choices without it (how validation and generation route).
+    /// That layer's max/mean expert load over the whole step (1 = balanced; `E / k` = every
+    /// token of the layer on the same `k` experts).
+    pub router_max_over_mean_load: f64,
+    /// The largest share of experts that the router's own choice left without a token, over
+    /// all MoE layers.
+    pub router_idle_expert_fraction: f64,
+    /// Under a capacity: the worst layer's max/mean load of the capped assignment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uncapped_max_over_mean_load: Option<f64>,
+    pub capped_max_over_mean_load: Option<f64>,
+    /// Under a capacity: the largest idle-expert share of the capped assignment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capped_idle_expert_fraction: Option<f64>,
 }
 
 impl MoeWorst {
-    /// The worst of a step's per-layer statistics, with the uncapped counts of a training-time
-    /// capacity (empty without one); `None` without MoE layers.
-    pub fn of(layers: &[RouterStats], uncapped: &[Vec<usize>]) -> Option<Self> {
-        let (layer, worst) = layers
+    /// The worst of a step's per-layer statistics of the router's own choice, with those of the
+    /// capped assignment under a capacity; `None` without MoE layers.
+    pub fn of(router: &[RouterStats], capped: Option<&[RouterStats]>) -> Option<Self> {
+        let (layer, worst) = router
             .iter()
             .enumerate()
             .max_by(|a, b| a.1.max_over_mean_load.total_cmp(&b.1.max_over_mean_load))?;
+        let max_load =
+            |l: &[RouterStats]| l.iter().map(|s| s.max_over_mean_load).fold(0.0, f64::max);
+        let max_idle =
+            |l: &[RouterStats]| l.iter().map(|s| s.idle_expert_fraction).fold(0.0, f64::max);
         Some(Self {
             layer,
-            max_over_mean_load: worst.max_over_mean_load,
-            dead_expert_fraction: layers
-                .iter()
-                .map(|l| l.dead_expert_fraction)
-                .fold(0.0, f64::max),
-            uncapped_max_over_mean_load: (!uncapped.is_empty()).then(|| {
-                uncapped
-                    .iter()
-                    .map(|c| RouterStats::from_counts(c, 0.0).max_over_mean_load)
-                    .fold(0.0, f64::max)
-            }),
+            router_max_over_mean_load: worst.max_over_mean_load,
+            router_idle_expert_fraction: max_idle(router),
+            capped_max_over_mean_load: capped.map(max_load),
+            capped_idle_expert_fraction: capped.map(max_idle),
         })
+    }
+
+    /// The figures as the progress line and the dashboard print them.
+    pub fn describe(&self) -> String {
+        let mut text = format!(
+            "router's own choice: worst layer {} max/mean load {:.2}, idle experts {:.0}%",
+            self.layer,
+            self.router_max_over_mean_load,
+            self.router_idle_expert_fraction * 100.0
+        );
+        if let (Some(load), Some(idle)) = (
+            self.capped_max_over_mean_load,
+            self.capped_idle_expert_fraction,
+        ) {
+            text.push_str(&format!(
+                "; capped (trained): {load:.2}, idle {:.0}%",
+                idle * 100.0
+            ));
+        }
+        text
     }
 }
 
@@ -266,11 +289,12 @@ impl CollapseWatch {
             }
             if *streak == Self::STEPS {
                 let experts = l.tokens_per_expert.len();
-                let dead = (l.dead_expert_fraction * experts as f64).round() as usize;
+                let dead = (l.idle_expert_fraction * experts as f64).round() as usize;
                 warnings.push(format!(
-                    "warning: MoE layer {i} has been collapsed for {} steps (step {step}: max/mean \
-                     expert load {:.2} > {}, {dead} of {experts} experts idle); its routing is \
-                     not balanced, so per-expert results of this run are not comparable",
+                    "warning: MoE layer {i}'s router has been collapsed for {} steps (step {step}: \
+                     its own choice's max/mean expert load {:.2} > {}, {dead} of {experts} experts \
+                     idle); its routing is not balanced, so per-expert results of this run are not \
+                     comparable",
                     Self::STEPS,
                     l.max_over_mean_load,
                     Self::THRESHOLD
@@ -315,12 +339,27 @@ mod collapse_tests {
             "{}",
             warned[0].1
         );
-        let worst = MoeWorst::of(&[balanced, collapsed, layer(&[20, 20, 0, 0])], &[]).unwrap();
-        assert_eq!(worst.uncapped_max_over_mean_load, None);
-        let capped = MoeWorst::of(&[layer(&[10, 10, 10, 10])], &[vec![30, 10, 0, 0]]).unwrap();
-        assert_eq!(capped.uncapped_max_over_mean_load, Some(3.0));
+        let worst = MoeWorst::of(&[balanced, collapsed, layer(&[20, 20, 0, 0])], None).unwrap();
+        assert_eq!(worst.capped_max_over_mean_load, None);
         assert_eq!(worst.layer, 1);
-        assert_eq!(worst.max_over_mean_load, 4.0);
-        assert_eq!(worst.dead_expert_fraction, 0.75);
+        assert_eq!(worst.router_max_over_mean_load, 4.0);
+        assert_eq!(worst.router_idle_expert_fraction, 0.75);
+        // Under a capacity the router's own choice is the headline, the capped figure beside it.
+        let capped =
+            MoeWorst::of(&[layer(&[30, 10, 0, 0])], Some(&[layer(&[10, 10, 10, 10])])).unwrap();
+        assert_eq!(capped.router_max_over_mean_load, 3.0);
+        assert_eq!(capped.router_idle_expert_fraction, 0.5);
+        assert_eq!(capped.capped_max_over_mean_load, Some(1.0));
+        assert_eq!(capped.capped_idle_expert_fraction, Some(0.0));
+        assert!(
+            capped
+                .describe()
+                .contains("max/mean load 3.00, idle experts 50%")
+        );
+        assert!(
+            capped
+                .describe()
+                .contains("capped (trained): 1.00, idle 0%")
+        );
     }
 }

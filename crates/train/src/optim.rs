@@ -238,7 +238,7 @@ pub fn apply_update(
         .moe
         .as_ref()
         .map_or(0.0, |m| m.router_bias_update_rate);
-    if rate > 0.0 {
+    let model = if rate > 0.0 {
         // Under a training-time capacity the bias follows the router's own (uncapped) choices.
         let counts = if stats.uncapped_counts.is_empty() {
             &stats.expert_counts
@@ -248,7 +248,30 @@ pub fn apply_update(
         update_routing_biases(model, counts, rate)
     } else {
         model
+    };
+    center_routers(model, &stats.router_input_sums)
+}
+
+/// `router_centering`: each MoE layer's router weight made orthogonal to the step's mean router
+/// input ([`qwen_burn_model::moe::SparseMoe::center_router`]); `sums` holds, per MoE layer, the
+/// step's input sum and token count (empty when centring is off).
+pub fn center_routers(mut model: Qwen3ForCausalLM, sums: &[(Vec<f64>, usize)]) -> Qwen3ForCausalLM {
+    if sums.is_empty() {
+        return model;
     }
+    let moe_layers = model
+        .model
+        .layers
+        .iter_mut()
+        .filter_map(|l| match &mut l.mlp {
+            FeedForward::Sparse(moe) => Some(moe),
+            FeedForward::Dense(_) => None,
+        });
+    for (moe, (sum, n)) in moe_layers.zip(sums) {
+        let mean: Vec<f64> = sum.iter().map(|v| v / (*n).max(1) as f64).collect();
+        moe.center_router(&mean);
+    }
+    model
 }
 
 /// Aux-loss-free balancing (DeepSeek-V3): after each optimizer step move each expert's routing

@@ -221,24 +221,33 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
                 });
             }
         }
-        // Per-layer max/mean expert load of MoE runs.
-        let moe: Vec<(f64, &Vec<RouterStats>)> = records
-            .iter()
-            .filter_map(|r| match r {
-                MetricsRecord::Train(t) => Some((t.step as f64, t.moe.as_ref()?)),
-                _ => None,
-            })
-            .collect();
-        let layers = moe.first().map_or(0, |(_, layers)| layers.len());
-        for layer in 0..layers {
-            let points = moe
+        // Per-layer max/mean expert load of MoE runs: the router's own choice, and under a
+        // capacity the capped assignment beside it.
+        let pick = |capped: bool| -> Vec<(f64, &Vec<RouterStats>)> {
+            records
                 .iter()
-                .filter_map(|(step, l)| Some((*step, l.get(layer)?.max_over_mean_load)))
-                .collect();
-            load.push(Series {
-                name: format!("{prefix}layer {layer}"),
-                points,
-            });
+                .filter_map(|r| match r {
+                    MetricsRecord::Train(t) if capped => {
+                        Some((t.step as f64, t.moe_capped.as_ref()?))
+                    }
+                    MetricsRecord::Train(t) => Some((t.step as f64, t.moe_router.as_ref()?)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (capped, what) in [(false, "router"), (true, "capped")] {
+            let moe = pick(capped);
+            let layers = moe.first().map_or(0, |(_, layers)| layers.len());
+            for layer in 0..layers {
+                let points = moe
+                    .iter()
+                    .filter_map(|(step, l)| Some((*step, l.get(layer)?.max_over_mean_load)))
+                    .collect();
+                load.push(Series {
+                    name: format!("{prefix}layer {layer} ({what})"),
+                    points,
+                });
+            }
         }
     }
     let mut written = Vec::new();
@@ -276,7 +285,7 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
         let path = out_dir.join("moe_load.png");
         line_chart(
             &path,
-            "expert load imbalance",
+            "MoE expert load: router's own choice (and capped assignment)",
             "step",
             "max / mean tokens per expert",
             &load,

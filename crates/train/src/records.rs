@@ -44,14 +44,20 @@ pub struct TrainRecord {
     /// Router z-loss (MoE, when enabled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub z_loss: Option<f64>,
-    /// Per MoE layer routing statistics over the whole step.
+    /// Per MoE layer, over the whole step: the load of the router's own choice (its
+    /// probabilities plus the routing bias, without a capacity), which is how validation,
+    /// `eval`, `generate` and (without the bias) an HF export route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moe: Option<Vec<RouterStats>>,
-    /// The same with all MoE layers pooled.
+    pub moe_router: Option<Vec<RouterStats>>,
+    /// Under a training-time capacity (`router_capacity_factor`), per MoE layer: the load of the
+    /// capped assignment the experts were trained on; absent without a capacity, where the two
+    /// are the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_capped: Option<Vec<RouterStats>>,
+    /// The router's own choice with all MoE layers pooled (what HF's pooled loss sees).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_pooled: Option<RouterStats>,
-    /// The worst MoE layer of the step (largest max/mean load) and the largest idle-expert
-    /// share.
+    /// The worst MoE layer of the step, router's own choice and capped assignment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_worst: Option<crate::metrics::MoeWorst>,
 }
@@ -70,6 +76,10 @@ pub struct ValRecord {
     /// Bits per byte of the validation targets (absent in runs from before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bpb: Option<f64>,
+    /// MoE with a routing bias (`router_bias_update_rate`): the fraction of the validation
+    /// tokens' token-expert choices that change when the bias is dropped, as in an HF export.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_bias_changed_choices: Option<f64>,
 }
 
 /// A multiple-choice task's score (`[eval] tasks`).
@@ -196,7 +206,8 @@ mod tests {
             skipped: true,
             aux_loss: None,
             z_loss: None,
-            moe: None,
+            moe_router: None,
+            moe_capped: None,
             moe_pooled: None,
             moe_worst: None,
         });

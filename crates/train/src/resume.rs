@@ -29,6 +29,7 @@ const MODEL_HYPERPARAMETERS: &[&str] = &[
     "output_router_logits",
     "router_bias_update_rate",
     "router_capacity_factor",
+    "router_centering",
     "router_aux_loss_type",
     "initializer_range",
 ];

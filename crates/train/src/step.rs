@@ -45,6 +45,9 @@ pub struct StepStats {
     /// router and its bias would have sent to each expert without it (empty otherwise). The
     /// routing bias learns from these, so that routing without the capacity balances too.
     pub uncapped_counts: Vec<Vec<usize>>,
+    /// Under `router_centering`, per MoE layer: the sum of the router inputs over the step's
+    /// tokens and their number, from which the router weights are centred after the update.
+    pub router_input_sums: Vec<(Vec<f64>, usize)>,
 }
 
 impl StepStats {
@@ -60,6 +63,7 @@ impl StepStats {
         self.tokens += other.tokens;
         add_counts(&mut self.expert_counts, &other.expert_counts);
         add_counts(&mut self.uncapped_counts, &other.uncapped_counts);
+        add_sums(&mut self.router_input_sums, &other.router_input_sums);
         if self.router_entropy.is_empty() {
             self.router_entropy = other.router_entropy;
         } else {
@@ -70,25 +74,58 @@ impl StepStats {
         self
     }
 
-    /// Routing statistics of each MoE layer over the whole step.
+    /// Per MoE layer, the slots of the router's own choice (probabilities plus bias, no
+    /// capacity): how validation and generation route.
+    pub fn router_counts(&self) -> &[Vec<usize>] {
+        if self.uncapped_counts.is_empty() {
+            &self.expert_counts
+        } else {
+            &self.uncapped_counts
+        }
+    }
+
+    /// Routing statistics of each MoE layer's own choice over the whole step.
     pub fn router_stats(&self) -> Vec<RouterStats> {
-        self.expert_counts
+        Self::stats_of(self.router_counts(), &self.router_entropy)
+    }
+
+    /// Under a training-time capacity, the statistics of the capped assignment that trained the
+    /// experts; `None` without one (it is then the router's own choice).
+    pub fn capped_stats(&self) -> Option<Vec<RouterStats>> {
+        (!self.uncapped_counts.is_empty())
+            .then(|| Self::stats_of(&self.expert_counts, &self.router_entropy))
+    }
+
+    fn stats_of(counts: &[Vec<usize>], entropy: &[f64]) -> Vec<RouterStats> {
+        counts
             .iter()
-            .zip(&self.router_entropy)
+            .zip(entropy)
             .map(|(counts, &entropy)| RouterStats::from_counts(counts, entropy))
             .collect()
     }
 
-    /// The same statistics with all layers pooled (what HF's pooled loss sees).
+    /// The router's own statistics with all layers pooled (what HF's pooled loss sees).
     pub fn pooled_router_stats(&self) -> Option<RouterStats> {
-        let first = self.expert_counts.first()?;
+        let counts = self.router_counts();
+        let first = counts.first()?;
         let mut pooled = vec![0; first.len()];
-        for layer in &self.expert_counts {
+        for layer in counts {
             pooled.iter_mut().zip(layer).for_each(|(a, b)| *a += b);
         }
         let layers = self.router_entropy.len().max(1) as f64;
         let entropy = self.router_entropy.iter().sum::<f64>() / layers;
         Some(RouterStats::from_counts(&pooled, entropy))
+    }
+}
+
+fn add_sums(acc: &mut Vec<(Vec<f64>, usize)>, other: &[(Vec<f64>, usize)]) {
+    if acc.is_empty() {
+        *acc = other.to_vec();
+        return;
+    }
+    for ((a, n), (b, m)) in acc.iter_mut().zip(other) {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        *n += m;
     }
 }
 
@@ -289,6 +326,8 @@ fn forward_checkpointed(
         mask.clone().map(|m| m.inner()),
         docs.as_ref(),
     );
+    // Routed as the recomputation (a training forward with autodiff) routes, capacity included.
+    let layer_inputs = layer_inputs.with_training_routing(true);
     let layers = inner.config.num_hidden_layers;
     let mut inputs = Vec::with_capacity(layers);
     let mut routers = Vec::new();
@@ -501,6 +540,9 @@ pub fn forward_backward_part(
                 .filter_map(|r| r.uncapped_counts.clone())
                 .collect();
             add_counts(&mut stats.uncapped_counts, &uncapped);
+            let sums: Vec<(Vec<f64>, usize)> =
+                routers.iter().filter_map(|r| r.input_sum.clone()).collect();
+            add_sums(&mut stats.router_input_sums, &sums);
             let entropy: Vec<f64> = routers
                 .iter()
                 .map(|r| RouterStats::mean_entropy(&r.logits) / k)

@@ -113,6 +113,16 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         eprintln!("{notice}");
     }
     if let Some(moe) = &model_config.moe
+        && moe.router_centering
+        && config.lora.is_some()
+    {
+        return Err(TrainError::config(
+            "model.router_centering",
+            "router centring rewrites the router weights after every step, and under [lora] \
+             they are frozen base weights; set model.router_centering = false for LoRA runs",
+        ));
+    }
+    if let Some(moe) = &model_config.moe
         && !moe.output_router_logits
         && (moe.router_aux_loss_coef > 0.0 || moe.router_z_loss_coef > 0.0)
     {
@@ -350,10 +360,13 @@ impl Loop<'_> {
                     skipped,
                     aux_loss: stats.aux_loss,
                     z_loss: stats.z_loss,
-                    moe: moe.then(|| stats.router_stats()),
+                    moe_router: moe.then(|| stats.router_stats()),
+                    moe_capped: stats.capped_stats().filter(|_| moe),
                     moe_pooled: stats.pooled_router_stats().filter(|_| moe),
                     moe_worst: moe
-                        .then(|| MoeWorst::of(&stats.router_stats(), &stats.uncapped_counts))
+                        .then(|| {
+                            MoeWorst::of(&stats.router_stats(), stats.capped_stats().as_deref())
+                        })
                         .flatten(),
                 });
                 self.metrics.write(&record)?;
@@ -366,17 +379,9 @@ impl Loop<'_> {
                 );
                 if let Some(aux) = stats.aux_loss {
                     line.push_str(&format!(" | aux {aux:.4}"));
-                    let layers = stats.router_stats();
-                    if let Some(w) = MoeWorst::of(&layers, &stats.uncapped_counts) {
-                        line.push_str(&format!(
-                            " | worst layer {}: max/mean load {:.2}, idle experts {:.0}%",
-                            w.layer,
-                            w.max_over_mean_load,
-                            w.dead_expert_fraction * 100.0
-                        ));
-                        if let Some(u) = w.uncapped_max_over_mean_load {
-                            line.push_str(&format!(" (uncapped {u:.2})"));
-                        }
+                    let capped = stats.capped_stats();
+                    if let Some(w) = MoeWorst::of(&stats.router_stats(), capped.as_deref()) {
+                        line.push_str(&format!(" | {}", w.describe()));
                     }
                 }
                 progress.line(&line);
@@ -519,12 +524,19 @@ impl Loop<'_> {
             loss: v.loss,
             perplexity: v.loss.exp(),
             bpb: v.bpb,
+            moe_bias_changed_choices: v.bias_changed_choices,
         });
         self.metrics.write(&record)?;
         progress.record(&record);
-        let bpb = v
+        let mut bpb = v
             .bpb
             .map_or(String::new(), |b| format!(" | val bpb {b:.4}"));
+        if let Some(f) = v.bias_changed_choices {
+            bpb.push_str(&format!(
+                " | routing bias decides {:.1}% of expert choices",
+                f * 100.0
+            ));
+        }
         progress.line(&format!(
             "step {step:>6} | val loss {:.4} | val ppl {:.2}{bpb}",
             v.loss,

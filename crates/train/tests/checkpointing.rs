@@ -62,6 +62,15 @@ fn moe_with_z(kind: &str) -> Qwen3Config {
     Qwen3Config::from_json(&v, false).unwrap()
 }
 
+/// [`moe_with_z`] under a training-time capacity, with the routing bias and router centring.
+fn moe_capped(kind: &str) -> Qwen3Config {
+    let mut v = moe_with_z(kind).to_hf_json();
+    v["router_capacity_factor"] = json!(1.1);
+    v["router_bias_update_rate"] = json!(0.01);
+    v["router_centering"] = json!(true);
+    Qwen3Config::from_json(&v, false).unwrap()
+}
+
 #[test]
 fn checkpointed_steps_equal_plain_steps() {
     let device = Device::flex().autodiff();
@@ -87,6 +96,12 @@ fn checkpointed_steps_equal_plain_steps() {
         ("dense", tiny_config(false, None, 0.0), None),
         ("moe hf", moe_with_z("hf"), None),
         ("moe global_batch", moe_with_z("global_batch"), None),
+        ("moe hf capacity", moe_capped("hf"), None),
+        (
+            "moe global_batch capacity",
+            moe_capped("global_batch"),
+            None,
+        ),
         (
             "dense lora",
             tiny_config(false, None, 0.0),
@@ -117,6 +132,29 @@ fn checkpointed_steps_equal_plain_steps() {
             );
             assert_eq!(a.aux_loss, b.aux_loss, "{what}: aux loss");
             assert_eq!(a.expert_counts, b.expert_counts, "{what}: routing");
+            assert_eq!(
+                a.uncapped_counts, b.uncapped_counts,
+                "{what}: router's own choice"
+            );
+            assert_eq!(a.router_input_sums.len(), b.router_input_sums.len());
+            for ((sa, na), (sb, nb)) in a.router_input_sums.iter().zip(&b.router_input_sums) {
+                assert_eq!(na, nb, "{what}: router input tokens");
+                for (x, y) in sa.iter().zip(sb) {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                        "{what}: router input sums {x} vs {y}"
+                    );
+                }
+            }
+            if name.contains("capacity") {
+                // The capacity acted (the test can tell the two routings apart).
+                assert_ne!(a.expert_counts, a.uncapped_counts, "{what}: capacity idle");
+                assert_eq!(
+                    a.router_input_sums.len(),
+                    2,
+                    "{what}: one sum per MoE layer"
+                );
+            }
             let (diff, scale, count) = compare(&model, &plain, &checkpointed);
             assert_eq!(count, plain.len(), "{what}: every gradient compared");
             assert!(count > 0 && scale > 0.0, "{what}: nothing to compare");

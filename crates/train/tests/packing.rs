@@ -4,7 +4,8 @@
 //! per-query starts) and on NdArray (composed ops, block-diagonal causal mask), dense and MoE,
 //! with grouped-query attention. The layout has a one-token document, boundaries inside the
 //! attention kernel's first 64-row query block, a document that crosses that block's end, and a
-//! row whose trailing padding is a document of its own (as SFT rows have).
+//! row whose trailing padding is a document of its own (as SFT rows have). MoE runs also under a
+//! training-time expert capacity, which counts each document's load on its own.
 
 mod common;
 
@@ -144,10 +145,13 @@ fn grad_scale(model: &Qwen3ForCausalLM, g: &GradientsParams) -> f32 {
     m.1
 }
 
-fn check(device: Device, moe: bool) {
-    let label = format!("{device:?} moe={moe}");
+fn check(device: Device, moe: bool, capacity: f64) {
+    let label = format!("{device:?} moe={moe} capacity={capacity}");
     // No balancing loss: it pools the batch's tokens, which is not per document by design.
-    let config = tiny_config(moe, None, 0.0);
+    let mut config = tiny_config(moe, None, 0.0);
+    if let Some(m) = config.moe.as_mut() {
+        m.router_capacity_factor = capacity;
+    }
     let model = init_weights(Qwen3ForCausalLM::new(&config, &device), 11);
     let docs = documents();
 
@@ -210,13 +214,15 @@ fn check(device: Device, moe: bool) {
 
 #[test]
 fn packed_documents_match_documents_alone_on_flex() {
-    check(Device::flex().autodiff(), false);
-    check(Device::flex().autodiff(), true);
+    check(Device::flex().autodiff(), false, 0.0);
+    check(Device::flex().autodiff(), true, 0.0);
+    check(Device::flex().autodiff(), true, 1.1);
 }
 
 #[test]
 #[allow(deprecated)] // NdArray is Burn's deprecated backend, kept here as the composed path.
 fn packed_documents_match_documents_alone_on_ndarray() {
-    check(Device::ndarray().autodiff(), false);
-    check(Device::ndarray().autodiff(), true);
+    check(Device::ndarray().autodiff(), false, 0.0);
+    check(Device::ndarray().autodiff(), true, 0.0);
+    check(Device::ndarray().autodiff(), true, 1.1);
 }

@@ -27,6 +27,40 @@ fn same_entry(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// What dropping the routing bias changes, as the run measured it on its validation tokens
+/// (`moe_bias_changed_choices` of `metrics.jsonl`, at the checkpoint's step or the newest before
+/// it).
+fn bias_report(checkpoint: &Path, source_dir: &Path) -> String {
+    let step = std::fs::read_to_string(source_dir.join("state.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|v| v["step"].as_u64());
+    let measured = find_beside(checkpoint, "metrics.jsonl")
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| {
+            text.lines()
+                .rev()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|r| r["split"] == "val")
+                .filter_map(|r| {
+                    Some((r["step"].as_u64()?, r["moe_bias_changed_choices"].as_f64()?))
+                })
+                .find(|&(s, _)| step.is_none_or(|step| s <= step))
+        });
+    match measured {
+        Some((s, f)) => format!(
+            "dropping the routing bias: on the run's validation tokens at step {s}, {:.1}% of the \
+             token-expert choices change without it, so transformers routes those tokens to other \
+             experts than qwen-burn did",
+            f * 100.0
+        ),
+        None => "dropping the routing bias: no validation measurement of its effect was found \
+                 beside the checkpoint (metrics.jsonl's moe_bias_changed_choices); routing in \
+                 transformers will differ from qwen-burn's by an unmeasured amount"
+            .to_string(),
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     // Writing into the directory the model is read from would replace its files while they are
     // its only copy (and copying a file onto itself truncates it to 0 bytes).
@@ -49,6 +83,7 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("loading {}", args.checkpoint.display()))?;
     if args.drop_routing_bias {
         model = model.without_routing_bias();
+        println!("{}", bias_report(&args.checkpoint, source_dir));
     }
     model
         .save_pretrained(&args.out)

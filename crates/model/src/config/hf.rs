@@ -105,6 +105,7 @@ hf_config! {
     router_z_loss_coef: f64,
     router_bias_update_rate: f64,
     router_capacity_factor: f64,
+    router_centering: bool,
     router_aux_loss_type: String,
 }
 
@@ -142,6 +143,7 @@ impl HfConfig {
                 "router_capacity_factor",
                 self.router_capacity_factor.is_some(),
             ),
+            ("router_centering", self.router_centering.is_some()),
             ("router_aux_loss_type", self.router_aux_loss_type.is_some()),
         ]
         .into_iter()
@@ -269,6 +271,7 @@ impl HfConfig {
             router_z_loss_coef: self.router_z_loss_coef.unwrap_or(0.0),
             router_bias_update_rate: self.router_bias_update_rate.unwrap_or(0.0),
             router_capacity_factor: self.router_capacity_factor.unwrap_or(0.0),
+            router_centering: self.router_centering.unwrap_or(false),
             router_aux_loss_type: match self.router_aux_loss_type.as_deref() {
                 None => BalanceLoss::Hf,
                 Some(s) => BalanceLoss::parse(s).ok_or_else(|| {
@@ -342,6 +345,7 @@ impl HfConfig {
             router_z_loss_coef: moe.map(|m| m.router_z_loss_coef).filter(|&x| x > 0.0),
             router_bias_update_rate: moe.map(|m| m.router_bias_update_rate).filter(|&x| x > 0.0),
             router_capacity_factor: moe.map(|m| m.router_capacity_factor).filter(|&x| x > 0.0),
+            router_centering: moe.map(|m| m.router_centering).filter(|&on| on),
             router_aux_loss_type: moe
                 .map(|m| m.router_aux_loss_type)
                 .filter(|&t| t != BalanceLoss::Hf)

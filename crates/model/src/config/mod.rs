@@ -123,6 +123,12 @@ pub struct MoeConfig {
     /// causal (a token's experts depend only on the tokens before it in its own row). Validation,
     /// scoring and generation route without it, as HF does. See `moe.rs`.
     pub router_capacity_factor: f64,
+    /// Router centring (not an HF key; off by default): after every optimizer step the router
+    /// weight is made orthogonal to the step's mean router input, so a component that every
+    /// token's router input shares cannot rank the experts alike for all tokens (the collapse
+    /// of experiment 005). The weight stays a plain router weight, which HF reads and routes by
+    /// unchanged. See `SparseMoe::center_router`.
+    pub router_centering: bool,
     /// Which load-balancing loss `router_aux_loss_coef` weighs (not an HF key; `hf` when absent).
     pub router_aux_loss_type: BalanceLoss,
 }

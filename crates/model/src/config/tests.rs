@@ -89,11 +89,12 @@ fn moe_keys_on_a_dense_model_are_refused_in_strict_mode() {
         "router_z_loss_coef",
         "router_bias_update_rate",
         "router_capacity_factor",
+        "router_centering",
         "router_aux_loss_type",
     ];
     for key in MOE_ONLY_KEYS {
         let value = match *key {
-            "norm_topk_prob" | "output_router_logits" => json!(true),
+            "norm_topk_prob" | "output_router_logits" | "router_centering" => json!(true),
             "mlp_only_layers" => json!([0]),
             "router_aux_loss_type" => json!("per_layer"),
             "router_aux_loss_coef" | "router_z_loss_coef" | "router_bias_update_rate" => {

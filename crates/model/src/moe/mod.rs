@@ -11,14 +11,17 @@
 //!
 //! With `router_capacity_factor` (training forwards only) each sequence caps every expert at
 //! that factor times its share of the sequence's slots, in position order, so balance holds
-//! even while the router cannot tell tokens apart ([`capacity_limited_topk`]).
+//! even while the router cannot tell tokens apart ([`capacity_limited_topk`]). With
+//! `router_centering`, training forwards also report the sum of the router's inputs, from which
+//! the trainer keeps the router weight orthogonal to the inputs' mean (see
+//! [`SparseMoe::center_router`]).
 
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::config::{BalanceLoss, MoeConfig, Qwen3Config};
+use crate::config::{MoeConfig, Qwen3Config};
 use crate::mlp::{Mlp, linear};
 use crate::projection::project;
 use qwen_burn_kernels::{flex_training, moe_experts};
@@ -39,6 +42,30 @@ pub struct SparseMoe {
     pub norm_topk_prob: bool,
     /// Training-time expert capacity per sequence (`router_capacity_factor`; 0 = none).
     pub capacity_factor: f64,
+    /// `router_centering`: training forwards report their router inputs' sum.
+    pub centering: bool,
+}
+
+/// How one forward routes, decided by the caller: a training forward (the capacity applies and
+/// the router-input sums are reported) or not, and where the packed documents of its rows
+/// start (the capacity counts each document on its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Routing<'a> {
+    /// A training forward.
+    pub training: bool,
+    /// `[b * t]` positions inside each token's document (packed rows), or `None` (one sequence
+    /// a row).
+    pub positions: Option<&'a [u32]>,
+}
+
+impl Routing<'_> {
+    /// What a forward on `device` is by default: training when it records gradients.
+    pub fn for_device(device: &Device) -> Self {
+        Self {
+            training: is_autodiff(device),
+            positions: None,
+        }
+    }
 }
 
 /// What a MoE layer reports besides its output.
@@ -52,6 +79,9 @@ pub struct RouterOutput {
     /// Under a training-time capacity: the counts the router (and bias) would have chosen
     /// without it, what validation and generation route by. `None` without a capacity.
     pub uncapped_counts: Option<Vec<usize>>,
+    /// Under `router_centering`, in training forwards: the sum over this forward's tokens of
+    /// the router input (`[hidden]`, padding included) and the number of tokens.
+    pub input_sum: Option<(Vec<f64>, usize)>,
 }
 
 impl SparseMoe {
@@ -71,6 +101,7 @@ impl SparseMoe {
             top_k: moe.num_experts_per_tok,
             norm_topk_prob: moe.norm_topk_prob,
             capacity_factor: moe.router_capacity_factor,
+            centering: moe.router_centering,
         }
     }
 
@@ -79,11 +110,57 @@ impl SparseMoe {
         self.experts.len()
     }
 
+    /// With a routing bias, how many of the token-expert choices in `logits` (`[n, E]`, this
+    /// layer's router logits) change when the bias is dropped, as an HF export routes, and how
+    /// many choices there are (`n * k`); `None` without a bias. One device read.
+    pub fn bias_changed_choices(&self, logits: &Tensor<2>) -> Option<(usize, usize)> {
+        let bias = self.routing_bias.as_ref()?;
+        let [n, e] = logits.dims();
+        let k = self.top_k;
+        let probs = softmax(logits.clone().detach(), 1);
+        let (_, own) = probs.clone().topk_with_indices(k, 1);
+        let (_, biased) = (probs + bias.val().detach().unsqueeze::<2>()).topk_with_indices(k, 1);
+        let chosen = |ids: Tensor<2, Int>| ids.one_hot::<3>(e).sum_dim(1).reshape([n, e]);
+        // An expert in the biased choice and not in the unbiased one is one changed choice.
+        let changed = (chosen(biased) - chosen(own)).clamp_min(0).sum();
+        let changed = changed.try_into_scalar::<i64>().ok()?;
+        Some((changed.max(0) as usize, n * k))
+    }
+
+    /// `router_centering`, after an optimizer step: make the router weight `W` (`[hidden, E]`)
+    /// orthogonal to `mean`, the step's mean router input: `W <- W - m (m^T W)` with
+    /// `m = mean / |mean|`. A component shared by every token's router input then adds the same
+    /// score (zero) to every expert, so the experts are ranked by what differs between tokens.
+    /// The weight stays an ordinary router weight: HF routes the exported model the same way.
+    /// A zero or non-finite mean, or a router carrying a LoRA adapter, is left alone.
+    pub fn center_router(&mut self, mean: &[f64]) {
+        let norm = mean.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let weight = &self.gate.weight;
+        let [h, _] = weight.dims();
+        if !(norm > 0.0 && norm.is_finite()) || mean.len() != h || weight.adapter().is_some() {
+            return;
+        }
+        let unit: Vec<f32> = mean.iter().map(|&v| (v / norm) as f32).collect();
+        self.gate.weight = weight.clone().map(|w| {
+            let tracked = w.is_require_grad();
+            let w = w.detach();
+            let m = Tensor::<2>::from_data(TensorData::new(unit, [h, 1]), &w.device());
+            let along = m.clone().transpose().matmul(w.clone()); // [1, E]
+            // A fresh leaf: the optimizer's next step tracks it like the weight it replaces.
+            let centred = (w - m.matmul(along)).detach();
+            if tracked {
+                centred.require_grad()
+            } else {
+                centred
+            }
+        });
+    }
+
     /// Route, run each expert on its tokens only, combine.
     ///
     /// # Shapes
     /// - `x`: `[b, t, hidden]` -> `[b, t, hidden]`
-    pub fn forward(&self, x: Tensor<3>) -> (Tensor<3>, RouterOutput) {
+    pub fn forward(&self, x: Tensor<3>, routing: Routing<'_>) -> (Tensor<3>, RouterOutput) {
         let [b, t, h] = x.dims();
         let (n, k, e) = (b * t, self.top_k, self.num_experts());
         let x = x.reshape([n, h]);
@@ -102,7 +179,7 @@ impl SparseMoe {
 
         // Training forwards under a capacity: each sequence's tokens, in position order, take
         // their best experts that still have room (the biased scores rank them, as above).
-        let capped = (self.capacity_factor > 0.0 && is_autodiff(&x.device())).then(|| {
+        let capped = (self.capacity_factor > 0.0 && routing.training).then(|| {
             let scores = match &self.routing_bias {
                 None => probs.clone().detach(),
                 Some(bias) => probs.clone().detach() + bias.val().detach().unsqueeze::<2>(),
@@ -110,7 +187,17 @@ impl SparseMoe {
             let scores: Vec<f32> = scores
                 .try_into_vec_as::<f32>()
                 .expect("router scores are readable");
-            capacity_limited_topk(&scores, b, t, e, k, self.capacity_factor)
+            let positions = routing.positions.filter(|p| p.len() == n);
+            capacity_limited_topk(&scores, b, t, e, k, self.capacity_factor, positions)
+        });
+        let input_sum = (self.centering && routing.training).then(|| {
+            let sum: Vec<f32> = x
+                .clone()
+                .detach()
+                .sum_dim(0)
+                .try_into_vec_as::<f32>()
+                .expect("router inputs are readable");
+            (sum.into_iter().map(f64::from).collect(), n)
         });
         let (weights, indices, uncapped_counts) = match capped {
             Some(ids) => {
@@ -138,6 +225,7 @@ impl SparseMoe {
                 logits,
                 expert_counts: counts,
                 uncapped_counts,
+                input_sum,
             };
             return (y.reshape([b, t, h]), router);
         }
@@ -184,6 +272,7 @@ impl SparseMoe {
                 logits,
                 expert_counts: counts,
                 uncapped_counts,
+                input_sum,
             },
         )
     }
@@ -206,57 +295,6 @@ fn ids_and_counts(indices: &Tensor<2, Int>, e: usize) -> (Vec<i64>, Vec<usize>) 
         counts[id as usize] += 1;
     }
     (ids, counts)
-}
-
-/// Top-k under a per-sequence expert capacity: `scores` is `[rows * t, e]` (row-major, each
-/// row a sequence of `t` tokens). Token `p` of a row takes, best score first, the experts that
-/// hold fewer than `max(1, ceil(factor * (p + 1) * k / e))` of its row's earlier slots; the
-/// limit never stops a token from finding `k` experts when `factor >= 1` (a token short of
-/// room, possible only by rounding, takes its best remaining experts). So every expert holds at
-/// most about `factor` times its share of every prefix, and a token's experts depend only on the
-/// tokens before it in its row: causal, like the model, and independent of the other rows.
-/// Returns `[rows * t, k]` expert ids, best first.
-pub fn capacity_limited_topk(
-    scores: &[f32],
-    rows: usize,
-    t: usize,
-    e: usize,
-    k: usize,
-    factor: f64,
-) -> Vec<i64> {
-    let mut out = Vec::with_capacity(rows * t * k);
-    let mut order: Vec<usize> = Vec::with_capacity(e);
-    for r in 0..rows {
-        let mut load = vec![0usize; e];
-        for p in 0..t {
-            let cap = ((factor * ((p + 1) * k) as f64 / e as f64).ceil() as usize).max(1);
-            let s = &scores[(r * t + p) * e..(r * t + p + 1) * e];
-            order.clear();
-            order.extend(0..e);
-            order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
-            let start = out.len();
-            for &x in &order {
-                if out.len() - start == k {
-                    break;
-                }
-                if load[x] < cap {
-                    out.push(x as i64);
-                }
-            }
-            for &x in &order {
-                if out.len() - start == k {
-                    break;
-                }
-                if !out[start..].contains(&(x as i64)) {
-                    out.push(x as i64);
-                }
-            }
-            for &x in &out[start..] {
-                load[x as usize] += 1;
-            }
-        }
-    }
-    out
 }
 
 /// Fewest tokens for which a MoE layer runs its experts through the fused kernel.
@@ -334,205 +372,10 @@ pub fn naive_forward(moe: &SparseMoe, x: Tensor<3>) -> Tensor<3> {
     y.reshape([b, t, h])
 }
 
-/// HF `load_balancing_loss_func` (Switch / Mixtral / Qwen3-MoE), unweighted.
-///
-/// The router logits of all MoE layers are concatenated as extra tokens, then
-/// `E * sum_{j,e} f[j,e] * Pbar[e]` with `f` the fraction of tokens whose slot `j` chose `e`
-/// and `Pbar` the mean routing probability; a perfectly balanced router gives `k`. With an
-/// `attention_mask` (`[b, t]`, 1 = real token, flattened in the same order as the logits) both
-/// means run over real tokens only. Gradient flows through `Pbar` only.
-pub fn load_balancing_loss(
-    router_logits: &[Tensor<2>],
-    num_experts: usize,
-    top_k: usize,
-    attention_mask: Option<&Tensor<2>>,
-) -> Tensor<1> {
-    let logits = Tensor::cat(router_logits.to_vec(), 0); // [layers * n, e]
-    let [m, e] = logits.dims();
-    let probs = softmax(logits, 1);
-    let (_, selected) = probs.clone().detach().topk_with_indices(top_k, 1); // [m, k]
-    let chosen = selected.one_hot::<3>(e).float(); // [m, k, e]
-    let (f, pbar) = match attention_mask {
-        None => (chosen.mean_dim(0), probs.mean_dim(0)), // [1, k, e], [1, e]
-        Some(mask) => {
-            let layers = router_logits.len();
-            let mask = mask
-                .clone()
-                .reshape([1, m / layers])
-                .repeat_dim(0, layers)
-                .reshape([m, 1]);
-            let total = mask.clone().sum();
-            let f = (chosen * mask.clone().unsqueeze_dim::<3>(2)).sum_dim(0)
-                / total.clone().reshape([1, 1, 1]);
-            let pbar = (probs * mask).sum_dim(0) / total.reshape([1, 1]);
-            (f, pbar)
-        }
-    };
-    (f * pbar.unsqueeze_dim::<3>(1)).sum() * num_experts as f64
-}
+mod capacity;
+mod losses;
+mod stats;
 
-/// Real-token weights `[n, 1]` (1 = counts) of a `[b, t]` attention mask, or ones.
-fn token_weights(mask: Option<&Tensor<2>>, n: usize, device: &Device) -> Tensor<2> {
-    match mask {
-        Some(m) => m.clone().reshape([n, 1]),
-        None => Tensor::ones([n, 1], device),
-    }
-}
-
-/// `[n, E]`: 1 where the expert is in the token's (unbiased) top-k, as HF counts it.
-fn selected(probs: &Tensor<2>, top_k: usize) -> Tensor<2> {
-    let [n, e] = probs.dims();
-    let (_, idx) = probs.clone().detach().topk_with_indices(top_k, 1);
-    idx.one_hot::<3>(e).float().sum_dim(1).reshape([n, e])
-}
-
-/// Per MoE layer, how many real tokens selected each expert (unbiased top-k, as the losses
-/// count them), and the number of real tokens: the statistics `global_batch` sums over the
-/// micro-batches and replicas of a step. One device read per layer.
-pub fn selection_counts(
-    router_logits: &[Tensor<2>],
-    top_k: usize,
-    attention_mask: Option<&Tensor<2>>,
-) -> (Vec<Vec<f64>>, f64) {
-    let mut tokens = 0.0;
-    let counts = router_logits
-        .iter()
-        .map(|logits| {
-            let [n, _] = logits.dims();
-            let w = token_weights(attention_mask, n, &logits.device());
-            tokens = w
-                .clone()
-                .sum()
-                .try_into_scalar::<f32>()
-                .map(f64::from)
-                .unwrap_or(f64::NAN);
-            let sel = selected(&softmax(logits.clone().detach(), 1), top_k) * w;
-            sel.sum_dim(0)
-                .try_into_vec_as::<f32>()
-                .expect("selection counts are readable")
-                .into_iter()
-                .map(f64::from)
-                .collect()
-        })
-        .collect();
-    (counts, tokens)
-}
-
-/// The load-balancing loss `kind` of one forward pass, unweighted (see [`BalanceLoss`]).
-///
-/// - `router_logits`: one `[b * t, E]` tensor per MoE layer;
-/// - `batch`: `b`, the number of sequences (for `sequence`);
-/// - `attention_mask`: `[b, t]`, 1 = real token; padding counts nowhere;
-/// - `global_fractions`: for `global_batch`, `f_e` per layer counted over the whole step (from
-///   [`selection_counts`]); required for that kind and ignored by the others.
-///
-/// Gradient flows through the router probabilities only (`f` is a count).
-pub fn balancing_loss(
-    kind: BalanceLoss,
-    router_logits: &[Tensor<2>],
-    num_experts: usize,
-    top_k: usize,
-    batch: usize,
-    attention_mask: Option<&Tensor<2>>,
-    global_fractions: Option<&[Vec<f64>]>,
-) -> Tensor<1> {
-    if kind == BalanceLoss::Hf {
-        return load_balancing_loss(router_logits, num_experts, top_k, attention_mask);
-    }
-    let e = num_experts as f64;
-    let layers = router_logits.len().max(1) as f64;
-    let mut total: Option<Tensor<1>> = None;
-    for (l, logits) in router_logits.iter().enumerate() {
-        let [n, ne] = logits.dims();
-        let device = logits.device();
-        let probs = softmax(logits.clone(), 1);
-        let w = token_weights(attention_mask, n, &device);
-        let layer = match kind {
-            BalanceLoss::Hf => unreachable!("returned above"),
-            BalanceLoss::PerLayer | BalanceLoss::GlobalBatch => {
-                let real = w.clone().sum().reshape([1, 1]).clamp_min(1.0);
-                let pbar = (probs.clone() * w.clone()).sum_dim(0) / real.clone(); // [1, E]
-                let f = match kind {
-                    BalanceLoss::GlobalBatch => {
-                        let fractions = global_fractions
-                            .and_then(|g| g.get(l))
-                            .expect("global_batch needs the step's selection fractions");
-                        let values: Vec<f32> = fractions.iter().map(|&x| x as f32).collect();
-                        Tensor::<2>::from_data(TensorData::new(values, [1, ne]), &device)
-                    }
-                    _ => (selected(&probs, top_k) * w).sum_dim(0) / real,
-                };
-                (f * pbar).sum() * e
-            }
-            BalanceLoss::Sequence => {
-                let t = n / batch.max(1);
-                let sel = selected(&probs, top_k).reshape([batch, t, ne]);
-                let w = w.reshape([batch, t, 1]);
-                let len = w.clone().sum_dim(1); // [b, 1, 1]
-                let present = len.clone().clamp_max(1.0); // 1 for a sequence with real tokens
-                let len = len.clamp_min(1.0);
-                let f = (sel * w.clone()).sum_dim(1) / len.clone() * (e / top_k as f64); // [b, 1, E]
-                let pbar = (probs.reshape([batch, t, ne]) * w).sum_dim(1) / len;
-                let per_seq = (f * pbar).sum_dim(2); // [b, 1, 1]
-                (per_seq * present.clone()).sum() / present.sum().clamp_min(1.0)
-            }
-        };
-        total = Some(match total {
-            Some(acc) => acc + layer,
-            None => layer,
-        });
-    }
-    total.expect("a MoE model has at least one MoE layer") / layers
-}
-
-/// Router z-loss (ST-MoE): `mean_t(logsumexp(logits_t)^2)` over the tokens of all MoE layers.
-pub fn router_z_loss(router_logits: &[Tensor<2>]) -> Tensor<1> {
-    let logits = Tensor::cat(router_logits.to_vec(), 0);
-    let max = logits.clone().detach().max_dim(1); // [m, 1]
-    let lse = (logits - max.clone()).exp().sum_dim(1).log() + max;
-    lse.square().mean()
-}
-
-/// Per-layer routing statistics for logging.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct RouterStats {
-    /// Slots routed to each expert.
-    pub tokens_per_expert: Vec<usize>,
-    /// Largest expert load over the mean load (1 = perfectly balanced).
-    pub max_over_mean_load: f64,
-    /// Mean entropy of the routing distribution (nats), `ln E` at most.
-    pub router_entropy: f64,
-    /// Fraction of experts that received no token.
-    pub dead_expert_fraction: f64,
-}
-
-impl RouterStats {
-    /// Statistics of one layer from its expert counts and mean router entropy.
-    pub fn from_counts(counts: &[usize], router_entropy: f64) -> Self {
-        let total: usize = counts.iter().sum();
-        let mean = total as f64 / counts.len().max(1) as f64;
-        let max = counts.iter().copied().max().unwrap_or(0) as f64;
-        Self {
-            tokens_per_expert: counts.to_vec(),
-            max_over_mean_load: if mean > 0.0 { max / mean } else { 0.0 },
-            router_entropy,
-            dead_expert_fraction: counts.iter().filter(|&&c| c == 0).count() as f64
-                / counts.len().max(1) as f64,
-        }
-    }
-
-    /// Mean entropy (nats) of the routing distributions of `[n, E]` router logits (one device
-    /// read).
-    pub fn mean_entropy(logits: &Tensor<2>) -> f64 {
-        let logp = burn::tensor::activation::log_softmax(logits.clone().detach(), 1);
-        (-(logp.clone().exp() * logp).sum_dim(1).mean())
-            .try_into_scalar::<f32>()
-            .map(f64::from)
-            .unwrap_or(f64::NAN)
-    }
-
-    /// Compute the statistics of one forward's layer.
-    pub fn from_output(out: &RouterOutput) -> Self {
-        Self::from_counts(&out.expert_counts, Self::mean_entropy(&out.logits))
-    }
-}
+pub use capacity::capacity_limited_topk;
+pub use losses::{balancing_loss, load_balancing_loss, router_z_loss, selection_counts};
+pub use stats::RouterStats;
