@@ -26,6 +26,7 @@ pub mod records;
 pub mod resume;
 pub mod schedule;
 pub mod step;
+pub mod step_stats;
 pub mod tasks;
 pub mod trainer;
 
