@@ -1,20 +1,13 @@
-//! The shipped MoE default, run whole (`configs/tiny_moe.toml` as shipped: its model, data,
-//! batch, 150 steps and balancing settings, one flex device): the load figures say which routing
-//! they measure, and the router's own choice (how validation, eval, generate and an export
-//! route) ends balanced.
-//!
-//! What this checks, and what it does not:
-//! - every logged step records the router's own choice (`moe_router`) and, under the shipped
-//!   training-time capacity, the capped assignment beside it (`moe_capped`); `moe_worst`
-//!   headlines the router's own figure;
-//! - the two differ while the router is collapsed (steps 10-40 read max/mean 3-4 for the router
-//!   and at most the capacity for the capped assignment), which a figure of the capped
-//!   assignment alone hid before (`experiments/005-moe-balance`, third round);
-//! - at the last step every layer's own choice is at max/mean <= 1.5 with no idle expert.
-//!
-//! The target, the router's own choice balanced at every logged step from step 50 on,
-//! is not met by any setting measured so far (experiment 005, third round); this test asserts
-//! what the shipped default does.
+//! The shipped MoE default balances its routers on their own, run whole
+//! (`configs/tiny_moe.toml` as shipped: its model, data, batch, 150 steps and balancing
+//! settings, one flex device):
+//! - from step 50 on, at every logged step, every MoE layer's own choice (`moe_router`: how
+//!   validation, eval, generate and an export route) is at max/mean <= 1.5 with no idle expert
+//!   (measured: 1.44 at worst on this seed, at step 50, `experiments/005-moe-balance`, third
+//!   round; round two's default read up to 3.60 here while its capped figure read 1.12);
+//! - every logged step records the capped assignment beside it (`moe_capped`), `moe_worst`
+//!   headlines the router's own figure, and the two are told apart at step 10, where the router
+//!   is still collapsed (3.6) and the capped assignment is not.
 
 mod common;
 
@@ -35,7 +28,7 @@ fn worst(layers: &Value) -> f64 {
 }
 
 #[test]
-fn the_shipped_moe_default_reports_its_routers_own_balance() {
+fn the_shipped_moe_default_balances_its_routers_on_their_own() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = dir.path().join("run");
     let cache = dir.path().join("shards");
@@ -74,6 +67,7 @@ fn the_shipped_moe_default_reports_its_routers_own_balance() {
         .collect();
     assert_eq!(train.len(), 16, "steps 1, 10, ..., 150 are logged");
     let mut collapsed_while_capped_balanced = 0;
+    let mut checked = 0;
     for r in &train {
         let step = r["step"].as_u64().expect("step");
         let router = worst(&r["moe_router"]);
@@ -91,30 +85,34 @@ fn the_shipped_moe_default_reports_its_routers_own_balance() {
             Some(capped),
             "step {step}"
         );
-        if (10..=40).contains(&step) && router > 2.0 && capped <= 1.2 {
+        if step <= 20 && router > 2.0 && capped <= 1.2 {
             collapsed_while_capped_balanced += 1;
         }
+        if step < 50 {
+            continue;
+        }
+        for (i, l) in r["moe_router"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .enumerate()
+        {
+            let load = l["max_over_mean_load"]
+                .as_f64()
+                .expect("max_over_mean_load");
+            let idle = l["idle_expert_fraction"]
+                .as_f64()
+                .expect("idle_expert_fraction");
+            assert!(
+                load <= 1.5 && idle == 0.0,
+                "step {step}, layer {i}: the router's own max/mean load {load}, idle experts {idle}"
+            );
+        }
+        checked += 1;
     }
+    assert_eq!(checked, 11, "steps 50, 60, ..., 150");
     assert!(
-        collapsed_while_capped_balanced >= 2,
+        collapsed_while_capped_balanced >= 1,
         "the router's own figure and the capped one are told apart during the early collapse"
     );
-    let last = train.last().expect("a last step");
-    for (i, l) in last["moe_router"]
-        .as_array()
-        .expect("layers")
-        .iter()
-        .enumerate()
-    {
-        let load = l["max_over_mean_load"]
-            .as_f64()
-            .expect("max_over_mean_load");
-        let idle = l["idle_expert_fraction"]
-            .as_f64()
-            .expect("idle_expert_fraction");
-        assert!(
-            load <= 1.5 && idle == 0.0,
-            "step 150, layer {i}: the router's own max/mean load {load}, idle experts {idle}"
-        );
-    }
 }

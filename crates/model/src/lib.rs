@@ -38,6 +38,7 @@ pub use generation_config::{GenerationConfig, SamplingDefaults};
 pub use kv_cache::KvCache;
 pub use model::{LayerInputs, ModelOutput, Qwen3ForCausalLM};
 pub use moe::{
-    RouterOutput, RouterStats, balancing_loss, load_balancing_loss, router_z_loss, selection_counts,
+    RouterOutput, RouterStats, assignment_loss, balancing_loss, load_balancing_loss, router_z_loss,
+    selection_counts,
 };
 pub use weights::SafetensorsCheckpoint;

@@ -167,3 +167,61 @@ fn a_training_forward_routes_under_the_capacity_and_reports_the_uncapped_choice(
         }
     }
 }
+
+/// The assignment loss against a direct f64 computation (values, with padding), and its
+/// gradient against central finite differences.
+#[test]
+fn the_assignment_loss_is_the_cross_entropy_against_the_capped_assignment() {
+    use burn::tensor::{Int, TensorData};
+    use qwen_burn_model::assignment_loss;
+    let device = Device::flex().autodiff();
+    let (n, e, k) = (6, 5, 2);
+    let raw: Vec<f32> = scores(n * e, 3).iter().map(|x| 4.0 * x - 2.0).collect();
+    let ids: Vec<i64> = vec![0, 1, 2, 3, 4, 0, 1, 3, 2, 4, 3, 0];
+    let ids_t = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [n, k]), &device);
+    // Tokens 4 and 5 are padding (a [2, 3] batch whose second row ends in padding).
+    let mask_v = vec![1.0f32, 1.0, 1.0, 1.0, 0.0, 0.0];
+    let mask = Tensor::<2>::from_data(TensorData::new(mask_v, [2, 3]), &device);
+    let want = |v: &[f32]| -> f64 {
+        let mut total = 0.0;
+        for t in 0..4 {
+            let row: Vec<f64> = v[t * e..(t + 1) * e]
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect();
+            let lse = row.iter().map(|x| x.exp()).sum::<f64>().ln();
+            for j in 0..k {
+                total -= row[ids[t * k + j] as usize] - lse;
+            }
+        }
+        total / (4.0 * k as f64)
+    };
+    let logits =
+        Tensor::<2>::from_data(TensorData::new(raw.clone(), [n, e]), &device).require_grad();
+    let loss =
+        assignment_loss(std::slice::from_ref(&logits), &[ids_t], Some(&mask)).expect("a loss");
+    let got = f64::from(loss.clone().into_scalar::<f32>());
+    assert!((got - want(&raw)).abs() < 1e-6, "{got} vs {}", want(&raw));
+    let grads = loss.backward();
+    let g: Vec<f32> = logits
+        .grad(&grads)
+        .unwrap()
+        .try_into_vec_as::<f32>()
+        .unwrap();
+    let h = 1e-3f32;
+    for i in [0, 7, 13, 19, 22, 29] {
+        let (mut up, mut down) = (raw.clone(), raw.clone());
+        up[i] += h;
+        down[i] -= h;
+        let fd = (want(&up) - want(&down)) / (2.0 * f64::from(h));
+        assert!(
+            (f64::from(g[i]) - fd).abs() < 1e-4,
+            "logit {i}: {} vs {fd}",
+            g[i]
+        );
+    }
+    // Padding tokens get no gradient.
+    assert!(g[4 * e..].iter().all(|&x| x == 0.0));
+    // No pair, no loss.
+    assert!(assignment_loss(&[logits], &[], None).is_none());
+}

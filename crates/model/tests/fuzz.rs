@@ -88,6 +88,7 @@ const CONFIG_KEYS: &[&str] = &[
     "router_aux_loss_coef",
     "router_capacity_factor",
     "router_centering",
+    "router_assignment_loss_coef",
     "torch_dtype",
     "dtype",
     "architectures",

@@ -44,6 +44,9 @@ pub struct TrainRecord {
     /// Router z-loss (MoE, when enabled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub z_loss: Option<f64>,
+    /// Assignment loss (MoE with `router_assignment_loss_coef`), unweighted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment_loss: Option<f64>,
     /// Per MoE layer, over the whole step: the load of the router's own choice (its
     /// probabilities plus the routing bias, without a capacity), which is how validation,
     /// `eval`, `generate` and (without the bias) an HF export route.
@@ -206,6 +209,7 @@ mod tests {
             skipped: true,
             aux_loss: None,
             z_loss: None,
+            assignment_loss: None,
             moe_router: None,
             moe_capped: None,
             moe_pooled: None,

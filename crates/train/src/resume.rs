@@ -30,6 +30,7 @@ const MODEL_HYPERPARAMETERS: &[&str] = &[
     "router_bias_update_rate",
     "router_capacity_factor",
     "router_centering",
+    "router_assignment_loss_coef",
     "router_aux_loss_type",
     "initializer_range",
 ];

@@ -17,8 +17,8 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use qwen_burn_data::Batch;
 use qwen_burn_model::moe::RouterOutput;
 use qwen_burn_model::{
-    BalanceLoss, Documents, Qwen3Config, Qwen3ForCausalLM, RouterStats, balancing_loss,
-    router_z_loss, selection_counts,
+    BalanceLoss, Documents, Qwen3Config, Qwen3ForCausalLM, RouterStats, assignment_loss,
+    balancing_loss, router_z_loss, selection_counts,
 };
 
 use crate::error::{Result, TrainError};
@@ -81,6 +81,9 @@ pub struct LossParts {
     pub aux: Option<Tensor<1>>,
     /// Unweighted router z-loss (MoE with `router_z_loss_coef > 0`).
     pub z: Option<Tensor<1>>,
+    /// Unweighted assignment loss (MoE with `router_assignment_loss_coef > 0` in a training
+    /// forward under a capacity).
+    pub assignment: Option<Tensor<1>>,
 }
 
 /// The one place the training loss is assembled (train, bench, score and eval use it).
@@ -103,7 +106,7 @@ pub fn assemble_loss(
     global_fractions: Option<&[Vec<f64>]>,
 ) -> LossParts {
     let mut loss = ce_sum.clone() / ce_norm;
-    let (mut aux, mut z) = (None, None);
+    let (mut aux, mut z, mut assignment) = (None, None, None);
     if let Some(moe) = &config.moe {
         let b = batch_size;
         let logits: Vec<_> = routers.iter().map(|r| r.logits.clone()).collect();
@@ -122,6 +125,18 @@ pub fn assemble_loss(
             loss = loss + a.clone() * (moe.router_aux_loss_coef * router_weight);
         }
         aux = Some(a);
+        if moe.router_assignment_loss_coef > 0.0 {
+            let (logits, ids): (Vec<_>, Vec<_>) = routers
+                .iter()
+                .filter_map(|r| Some((r.logits.clone(), r.assignment.clone()?)))
+                .unzip();
+            if let Some(al) = assignment_loss(&logits, &ids, mask_f.as_ref()) {
+                if moe.output_router_logits {
+                    loss = loss + al.clone() * (moe.router_assignment_loss_coef * router_weight);
+                }
+                assignment = Some(al);
+            }
+        }
         if moe.router_z_loss_coef > 0.0 {
             let zl = router_z_loss(&logits);
             if moe.output_router_logits {
@@ -135,6 +150,7 @@ pub fn assemble_loss(
         ce_sum,
         aux,
         z,
+        assignment,
     }
 }
 
@@ -224,6 +240,7 @@ fn forward_checkpointed(
         x = y;
         routers.extend(router.map(|r| RouterOutput {
             logits: Tensor::from_inner(r.logits).require_grad(),
+            assignment: r.assignment.map(Tensor::from_inner),
             ..r
         }));
     }
@@ -418,6 +435,9 @@ pub fn forward_backward_part(
         }
         if let Some(z) = parts.z {
             *stats.z_loss.get_or_insert(0.0) += read_scalar(z)? / k;
+        }
+        if let Some(a) = parts.assignment {
+            *stats.assignment_loss.get_or_insert(0.0) += read_scalar(a)? * router_weight;
         }
         if !routers.is_empty() {
             let counts: Vec<Vec<usize>> = routers.iter().map(|r| r.expert_counts.clone()).collect();

@@ -12,6 +12,8 @@ pub struct StepStats {
     pub aux_loss: Option<f64>,
     /// Router z-loss (mean over micro-batches), if enabled.
     pub z_loss: Option<f64>,
+    /// Assignment loss (`router_assignment_loss_coef`), unweighted, over the step's tokens.
+    pub assignment_loss: Option<f64>,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
     /// Tokens processed (inputs of all micro-batches).
@@ -40,6 +42,7 @@ impl StepStats {
         self.loss += other.loss;
         self.aux_loss = add(self.aux_loss, other.aux_loss);
         self.z_loss = add(self.z_loss, other.z_loss);
+        self.assignment_loss = add(self.assignment_loss, other.assignment_loss);
         self.tokens += other.tokens;
         add_counts(&mut self.expert_counts, &other.expert_counts);
         add_counts(&mut self.uncapped_counts, &other.uncapped_counts);

@@ -360,6 +360,7 @@ impl Loop<'_> {
                     skipped,
                     aux_loss: stats.aux_loss,
                     z_loss: stats.z_loss,
+                    assignment_loss: stats.assignment_loss,
                     moe_router: moe.then(|| stats.router_stats()),
                     moe_capped: stats.capped_stats().filter(|_| moe),
                     moe_pooled: stats.pooled_router_stats().filter(|_| moe),
@@ -379,6 +380,9 @@ impl Loop<'_> {
                 );
                 if let Some(aux) = stats.aux_loss {
                     line.push_str(&format!(" | aux {aux:.4}"));
+                    if let Some(a) = stats.assignment_loss {
+                        line.push_str(&format!(" | assign {a:.4}"));
+                    }
                     let capped = stats.capped_stats();
                     if let Some(w) = MoeWorst::of(&stats.router_stats(), capped.as_deref()) {
                         line.push_str(&format!(" | {}", w.describe()));

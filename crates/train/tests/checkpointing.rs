@@ -68,6 +68,7 @@ fn moe_capped(kind: &str) -> Qwen3Config {
     v["router_capacity_factor"] = json!(1.1);
     v["router_bias_update_rate"] = json!(0.01);
     v["router_centering"] = json!(true);
+    v["router_assignment_loss_coef"] = json!(0.5);
     Qwen3Config::from_json(&v, false).unwrap()
 }
 
@@ -153,6 +154,11 @@ fn checkpointed_steps_equal_plain_steps() {
                     a.router_input_sums.len(),
                     2,
                     "{what}: one sum per MoE layer"
+                );
+                let (x, y) = (a.assignment_loss.unwrap(), b.assignment_loss.unwrap());
+                assert!(
+                    (x - y).abs() <= 1e-6 * x.abs(),
+                    "{what}: assignment loss {x} vs {y}"
                 );
             }
             let (diff, scale, count) = compare(&model, &plain, &checkpointed);

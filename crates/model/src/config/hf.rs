@@ -106,6 +106,7 @@ hf_config! {
     router_bias_update_rate: f64,
     router_capacity_factor: f64,
     router_centering: bool,
+    router_assignment_loss_coef: f64,
     router_aux_loss_type: String,
 }
 
@@ -144,6 +145,10 @@ impl HfConfig {
                 self.router_capacity_factor.is_some(),
             ),
             ("router_centering", self.router_centering.is_some()),
+            (
+                "router_assignment_loss_coef",
+                self.router_assignment_loss_coef.is_some(),
+            ),
             ("router_aux_loss_type", self.router_aux_loss_type.is_some()),
         ]
         .into_iter()
@@ -272,6 +277,7 @@ impl HfConfig {
             router_bias_update_rate: self.router_bias_update_rate.unwrap_or(0.0),
             router_capacity_factor: self.router_capacity_factor.unwrap_or(0.0),
             router_centering: self.router_centering.unwrap_or(false),
+            router_assignment_loss_coef: self.router_assignment_loss_coef.unwrap_or(0.0),
             router_aux_loss_type: match self.router_aux_loss_type.as_deref() {
                 None => BalanceLoss::Hf,
                 Some(s) => BalanceLoss::parse(s).ok_or_else(|| {
@@ -289,6 +295,10 @@ impl HfConfig {
             for (key, coef) in [
                 ("router_aux_loss_coef", written_aux),
                 ("router_z_loss_coef", moe.router_z_loss_coef),
+                (
+                    "router_assignment_loss_coef",
+                    moe.router_assignment_loss_coef,
+                ),
             ] {
                 if coef > 0.0 {
                     return Err(ModelError::invalid(
@@ -346,6 +356,9 @@ impl HfConfig {
             router_bias_update_rate: moe.map(|m| m.router_bias_update_rate).filter(|&x| x > 0.0),
             router_capacity_factor: moe.map(|m| m.router_capacity_factor).filter(|&x| x > 0.0),
             router_centering: moe.map(|m| m.router_centering).filter(|&on| on),
+            router_assignment_loss_coef: moe
+                .map(|m| m.router_assignment_loss_coef)
+                .filter(|&x| x > 0.0),
             router_aux_loss_type: moe
                 .map(|m| m.router_aux_loss_type)
                 .filter(|&t| t != BalanceLoss::Hf)

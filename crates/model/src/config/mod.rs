@@ -129,6 +129,12 @@ pub struct MoeConfig {
     /// of experiment 005). The weight stays a plain router weight, which HF reads and routes by
     /// unchanged. See `SparseMoe::center_router`.
     pub router_centering: bool,
+    /// Weight of the assignment loss (not an HF key; 0 disables it; needs a capacity): the
+    /// cross-entropy of the router's probabilities against the capped assignment of its training
+    /// forward, which teaches the router to choose what the capacity assigns, so that its own
+    /// choice (inference's) balances too. Enters the loss with `output_router_logits`, like the
+    /// other router losses. See `moe::assignment_loss`.
+    pub router_assignment_loss_coef: f64,
     /// Which load-balancing loss `router_aux_loss_coef` weighs (not an HF key; `hf` when absent).
     pub router_aux_loss_type: BalanceLoss,
 }
@@ -389,13 +395,25 @@ impl Qwen3Config {
                     ),
                 ));
             }
+            if moe.router_assignment_loss_coef > 0.0 && moe.router_capacity_factor == 0.0 {
+                return Err(ModelError::invalid(
+                    "router_assignment_loss_coef",
+                    format!(
+                        "{} needs a training-time capacity (router_capacity_factor >= 1): the loss's \
+                         target is the capped assignment",
+                        moe.router_assignment_loss_coef
+                    ),
+                ));
+            }
             if moe.router_aux_loss_coef < 0.0
                 || moe.router_z_loss_coef < 0.0
                 || moe.router_bias_update_rate < 0.0
+                || moe.router_assignment_loss_coef < 0.0
             {
                 return Err(ModelError::invalid(
                     "router_aux_loss_coef",
-                    "router coefficients and rates must be non-negative",
+                    "router coefficients and rates must be non-negative (router_aux_loss_coef, \
+                     router_z_loss_coef, router_bias_update_rate, router_assignment_loss_coef)",
                 ));
             }
         }
@@ -452,6 +470,10 @@ impl Qwen3Config {
                 ("router_z_loss_coef", moe.router_z_loss_coef),
                 ("router_bias_update_rate", moe.router_bias_update_rate),
                 ("router_capacity_factor", moe.router_capacity_factor),
+                (
+                    "router_assignment_loss_coef",
+                    moe.router_assignment_loss_coef,
+                ),
             ]);
         }
         values.into_iter().find(|(_, v)| !v.is_finite())

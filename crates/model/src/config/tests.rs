@@ -90,6 +90,7 @@ fn moe_keys_on_a_dense_model_are_refused_in_strict_mode() {
         "router_bias_update_rate",
         "router_capacity_factor",
         "router_centering",
+        "router_assignment_loss_coef",
         "router_aux_loss_type",
     ];
     for key in MOE_ONLY_KEYS {
@@ -97,7 +98,10 @@ fn moe_keys_on_a_dense_model_are_refused_in_strict_mode() {
             "norm_topk_prob" | "output_router_logits" | "router_centering" => json!(true),
             "mlp_only_layers" => json!([0]),
             "router_aux_loss_type" => json!("per_layer"),
-            "router_aux_loss_coef" | "router_z_loss_coef" | "router_bias_update_rate" => {
+            "router_aux_loss_coef"
+            | "router_z_loss_coef"
+            | "router_bias_update_rate"
+            | "router_assignment_loss_coef" => {
                 json!(0.1)
             }
             _ => json!(1),
@@ -119,7 +123,12 @@ fn router_loss_coefficients_need_output_router_logits_in_strict_mode() {
     v["model_type"] = json!("qwen3_moe");
     v["num_experts"] = json!(4);
     v["num_experts_per_tok"] = json!(2);
-    for key in ["router_aux_loss_coef", "router_z_loss_coef"] {
+    v["router_capacity_factor"] = json!(1.1);
+    for key in [
+        "router_aux_loss_coef",
+        "router_z_loss_coef",
+        "router_assignment_loss_coef",
+    ] {
         let mut w = v.clone();
         w[key] = json!(0.01);
         let e = Qwen3Config::from_json(&w, true).unwrap_err().to_string();
@@ -133,4 +142,13 @@ fn router_loss_coefficients_need_output_router_logits_in_strict_mode() {
     }
     // The HF default coefficient (not written) is not an error.
     Qwen3Config::from_json(&v, true).unwrap();
+    // The assignment loss's target is the capped assignment: no capacity, no loss.
+    v["output_router_logits"] = json!(true);
+    v["router_assignment_loss_coef"] = json!(0.5);
+    v["router_capacity_factor"] = json!(0);
+    let e = Qwen3Config::from_json(&v, true).unwrap_err().to_string();
+    assert!(
+        e.contains("router_assignment_loss_coef") && e.contains("router_capacity_factor"),
+        "{e}"
+    );
 }

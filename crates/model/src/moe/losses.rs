@@ -1,8 +1,9 @@
 //! The router losses: load balancing (HF's pooled form and the per-layer, sequence-wise and
 //! global-batch forms) and the z-loss.
 
+use burn::tensor::activation::log_softmax;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::config::BalanceLoss;
 
@@ -163,4 +164,37 @@ pub fn router_z_loss(router_logits: &[Tensor<2>]) -> Tensor<1> {
     let max = logits.clone().detach().max_dim(1); // [m, 1]
     let lse = (logits - max.clone()).exp().sum_dim(1).log() + max;
     lse.square().mean()
+}
+
+/// The assignment loss (`router_assignment_loss_coef`): the cross-entropy of each router's
+/// probabilities against the capped assignment its training forward used, averaged over the k
+/// slots, the real tokens and the MoE layers:
+/// `mean_l mean_t (-1/k) sum_j log p_l[t, a_l[t, j]]`. It teaches the router to choose by
+/// itself what the training-time capacity assigns (balanced in every sequence), so that the
+/// router's own choice, which inference routes by, balances too. With a balanced router the
+/// assignment is its own top-k and the loss only sharpens it.
+///
+/// - `router_logits`: one `[n, E]` tensor per MoE layer; `assignments`: the matching `[n, k]`
+///   expert ids (`None` when there is no pair: no capacity acted);
+/// - `attention_mask`: `[b, t]` (flattened as the logits), 1 = real token; padding counts
+///   nowhere.
+pub fn assignment_loss(
+    router_logits: &[Tensor<2>],
+    assignments: &[Tensor<2, Int>],
+    attention_mask: Option<&Tensor<2>>,
+) -> Option<Tensor<1>> {
+    let layers = router_logits.len().min(assignments.len()).max(1) as f64;
+    let mut total: Option<Tensor<1>> = None;
+    for (logits, ids) in router_logits.iter().zip(assignments) {
+        let [n, _] = logits.dims();
+        let k = ids.dims()[1].max(1) as f64;
+        let w = token_weights(attention_mask, n, &logits.device()); // [n, 1]
+        let picked = log_softmax(logits.clone(), 1).gather(1, ids.clone()); // [n, k]
+        let nll = -(picked.sum_dim(1) * w.clone()).sum() / (w.sum().clamp_min(1.0) * k);
+        total = Some(match total {
+            Some(acc) => acc + nll,
+            None => nll,
+        });
+    }
+    total.map(|t| t / layers)
 }

@@ -82,6 +82,10 @@ pub struct RouterOutput {
     /// Under `router_centering`, in training forwards: the sum over this forward's tokens of
     /// the router input (`[hidden]`, padding included) and the number of tokens.
     pub input_sum: Option<(Vec<f64>, usize)>,
+    /// Under a training-time capacity, in training forwards: the capped assignment `[b * t, k]`
+    /// (expert ids) the experts were trained on, the target of the assignment loss
+    /// ([`assignment_loss`]).
+    pub assignment: Option<Tensor<2, Int>>,
 }
 
 impl SparseMoe {
@@ -199,6 +203,7 @@ impl SparseMoe {
                 .expect("router inputs are readable");
             (sum.into_iter().map(f64::from).collect(), n)
         });
+        let capped_given = capped.is_some();
         let (weights, indices, uncapped_counts) = match capped {
             Some(ids) => {
                 let uncapped = ids_and_counts(&indices, e).1;
@@ -218,6 +223,7 @@ impl SparseMoe {
             weights
         };
 
+        let assignment = capped_given.then(|| indices.clone());
         // 2. Group the n*k (token, slot) pairs by expert: one read of n*k ids, counting sort.
         let (ids, counts) = ids_and_counts(&indices, e);
         if let Some(y) = self.fused_experts(&x, &weights, &indices) {
@@ -226,6 +232,7 @@ impl SparseMoe {
                 expert_counts: counts,
                 uncapped_counts,
                 input_sum,
+                assignment,
             };
             return (y.reshape([b, t, h]), router);
         }
@@ -273,6 +280,7 @@ impl SparseMoe {
                 expert_counts: counts,
                 uncapped_counts,
                 input_sum,
+                assignment,
             },
         )
     }
@@ -377,5 +385,7 @@ mod losses;
 mod stats;
 
 pub use capacity::capacity_limited_topk;
-pub use losses::{balancing_loss, load_balancing_loss, router_z_loss, selection_counts};
+pub use losses::{
+    assignment_loss, balancing_loss, load_balancing_loss, router_z_loss, selection_counts,
+};
 pub use stats::RouterStats;
