@@ -116,3 +116,54 @@ fn the_shipped_moe_default_balances_its_routers_on_their_own() {
         "the router's own figure and the capped one are told apart during the early collapse"
     );
 }
+
+/// `export --drop-routing-bias` says how many of the validation tokens' expert choices the
+/// dropped bias decided, as the run measured it at the exported step.
+#[test]
+fn export_reports_the_choices_the_dropped_bias_decided() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::tiny_config(dir.path(), true, 4, 2, "");
+    let run = dir.path().join("run");
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&run)],
+        &[],
+    ));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).expect("metrics.jsonl");
+    let share = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON record"))
+        .filter(|r| r["split"] == "val" && r["step"] == 4)
+        .find_map(|r| r["moe_bias_changed_choices"].as_f64())
+        .expect("the validation record of step 4 measures the bias");
+    assert!((0.0..=1.0).contains(&share), "{share}");
+    let refused = qwen_burn(
+        &[
+            "export",
+            "--checkpoint",
+            s(&run),
+            "--out",
+            s(&dir.path().join("a")),
+        ],
+        &[],
+    );
+    assert!(
+        !refused.status.success(),
+        "a non-zero bias needs --drop-routing-bias"
+    );
+    let out = ok(&qwen_burn(
+        &[
+            "export",
+            "--checkpoint",
+            s(&run),
+            "--out",
+            s(&dir.path().join("b")),
+            "--drop-routing-bias",
+        ],
+        &[],
+    ));
+    let want = format!(
+        "at step 4, {:.1}% of the token-expert choices change",
+        share * 100.0
+    );
+    assert!(out.contains(&want), "{want:?} not in:\n{out}");
+}
