@@ -82,8 +82,21 @@ fn read_cache(path: Option<&Path>) -> BTreeMap<String, PeakRecord> {
 }
 
 /// The measurement of `kind` on this machine cached in `cache` (see [`cache_path`]), if any.
+/// A cached figure that is not a finite positive FLOP/s (a hand-edited or damaged cache) is
+/// reported on stderr, naming the file, and not used.
 pub fn cached_peak(cache: Option<&Path>, kind: BackendKind) -> Option<PeakRecord> {
-    read_cache(cache).remove(&kind_key(kind))
+    let record = read_cache(cache).remove(&kind_key(kind))?;
+    if record.flops.is_finite() && record.flops > 0.0 {
+        return Some(record);
+    }
+    eprintln!(
+        "warning: the cached peak of {} in {} is {} FLOP/s, not a finite positive figure; it is \
+         not used (`qwen-burn bench peak` measures it again)",
+        kind_key(kind),
+        cache.map_or("the cache".to_string(), |p| p.display().to_string()),
+        record.flops
+    );
+    None
 }
 
 /// Store a measurement in `cache` (atomically: written beside, then renamed). A peak is the most
@@ -96,9 +109,21 @@ pub fn store_peak(cache: Option<&Path>, kind: BackendKind, record: &PeakRecord) 
             "no cache directory: set QWEN_BURN_CACHE_DIR or HOME",
         )
     })?;
+    if !(record.flops.is_finite() && record.flops > 0.0) {
+        return Err(TrainError::config(
+            "bench peak",
+            format!(
+                "measured {} FLOP/s, not a finite positive figure; nothing cached",
+                record.flops
+            ),
+        ));
+    }
     let mut all = read_cache(Some(&path));
     let key = kind_key(kind);
-    if all.get(&key).is_some_and(|old| old.flops >= record.flops) {
+    if all
+        .get(&key)
+        .is_some_and(|old| old.flops.is_finite() && old.flops >= record.flops)
+    {
         return Ok(path);
     }
     all.insert(key, record.clone());
@@ -264,6 +289,40 @@ pub fn peak_or_measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peak_that_is_not_finite_and_positive_is_neither_cached_nor_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peak.json");
+        let cache = Some(path.as_path());
+        for bad in [0.0, -1.0, f64::INFINITY, f64::NAN] {
+            let record = PeakRecord {
+                flops: bad,
+                n: 1,
+                machine: "test".into(),
+            };
+            assert!(
+                store_peak(cache, BackendKind::Flex, &record).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(!path.exists(), "nothing was written");
+        // A cache edited (or damaged) to hold 0 is not read as a peak.
+        let zero = format!(
+            r#"{{"{}": {{"flops": 0.0, "n": 1, "machine": "test"}}}}"#,
+            kind_key(BackendKind::Flex)
+        );
+        std::fs::write(&path, zero).unwrap();
+        assert_eq!(cached_peak(cache, BackendKind::Flex), None);
+        // A good measurement replaces it.
+        let good = PeakRecord {
+            flops: 1e11,
+            n: 64,
+            machine: "test".into(),
+        };
+        store_peak(cache, BackendKind::Flex, &good).unwrap();
+        assert_eq!(cached_peak(cache, BackendKind::Flex), Some(good));
+    }
 
     #[test]
     fn the_configured_peak_applies_to_its_device_kind_only() {

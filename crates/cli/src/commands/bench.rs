@@ -26,7 +26,7 @@ pub enum Cmd {
         #[arg(long, default_value = "flex")]
         device: DeviceSet,
         /// Timed steps.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = super::positive)]
         steps: usize,
         /// Untimed steps first.
         #[arg(long, default_value_t = 2)]
@@ -44,9 +44,9 @@ pub enum Cmd {
         #[arg(long, default_value = "flex")]
         device: DeviceSet,
         /// Tokens in the batch.
-        #[arg(long, default_value_t = 2048)]
+        #[arg(long, default_value_t = 2048, value_parser = super::positive)]
         tokens: usize,
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = super::positive)]
         repeats: usize,
         #[arg(long)]
         json: bool,
@@ -56,9 +56,9 @@ pub enum Cmd {
     Peak {
         #[arg(long, default_value = "flex")]
         device: DeviceSet,
-        #[arg(long, default_value_t = 2048)]
+        #[arg(long, default_value_t = 2048, value_parser = super::positive)]
         n: usize,
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = super::positive)]
         repeats: usize,
         #[arg(long)]
         json: bool,
@@ -73,11 +73,11 @@ pub enum Cmd {
         model: Option<PathBuf>,
         #[arg(long, default_value = "flex")]
         device: DeviceSet,
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, value_parser = super::positive)]
         prompt_len: usize,
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = super::positive)]
         new_tokens: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = super::positive)]
         repeats: usize,
         /// Also time decoding without the KV cache (recomputing the prefix every token).
         #[arg(long)]

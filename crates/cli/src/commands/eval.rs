@@ -26,14 +26,14 @@ pub struct Args {
     #[arg(long, default_value_t = 0, requires = "task")]
     pub shots: usize,
     /// With --task: score only the first N questions.
-    #[arg(long, requires = "task")]
+    #[arg(long, requires = "task", value_parser = super::positive)]
     pub limit: Option<usize>,
     /// With --task: seed of the few-shot draw.
     #[arg(long, default_value_t = 1234, requires = "task")]
     pub seed: u64,
     /// With --task: questions whose prompts run in one forward pass (their choices in a second);
     /// lower it to use less memory.
-    #[arg(long, default_value_t = qwen_burn_train::tasks::DEFAULT_BATCH, requires = "task")]
+    #[arg(long, default_value_t = qwen_burn_train::tasks::DEFAULT_BATCH, requires = "task", value_parser = super::positive)]
     pub batch_questions: usize,
     /// With --task: print the metrics as one JSON object (default: a line of text).
     #[arg(long, requires = "task")]
@@ -46,17 +46,17 @@ pub struct Args {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Tokens per window (default: the model's max_position_embeddings, at most 1024).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub context: Option<usize>,
     /// Windows per forward pass.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::positive)]
     pub batch_size: usize,
     /// Score at most the first N tokens of the text.
-    #[arg(long, requires = "text")]
+    #[arg(long, requires = "text", value_parser = super::positive)]
     pub max_tokens: Option<usize>,
     /// Also report the loss by position inside the window, in buckets of N positions
     /// (`loss_by_position`): shows how a model does beyond the context it was trained at.
-    #[arg(long, requires = "text")]
+    #[arg(long, requires = "text", value_parser = super::positive)]
     pub bucket: Option<usize>,
 }
 

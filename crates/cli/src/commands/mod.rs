@@ -130,3 +130,13 @@ pub fn require_finite(model: &Qwen3ForCausalLM, value: f64, what: &str) -> Resul
         None => bail!("the {what} is {value} although every weight is finite"),
     }
 }
+
+/// A count that must be at least 1 (`--limit`, `--batch-size`, `bench peak --n`, ...): zero is
+/// refused with the flag's name by clap instead of meaning nothing or silently becoming 1.
+pub fn positive(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (0 would do nothing)".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("expected a whole number of at least 1: {e}")),
+    }
+}

@@ -93,7 +93,7 @@ fn section<T: DeserializeOwned + Default>(
             "required key is missing",
         ));
     }
-    serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+    serde_path_to_error::deserialize::<_, T>(value.clone()).map_err(|e| {
         let path = e.path().to_string();
         let key = if path == "." {
             name.to_string()
@@ -110,8 +110,68 @@ fn section<T: DeserializeOwned + Default>(
             Some(field) if !key.ends_with(&format!(".{field}")) => format!("{key}.{field}"),
             _ => key,
         };
+        // A bool or number where a named choice belongs: serde says "unit variant". Name what
+        // was given and the choices (found by asking serde about a value no choice has).
+        if message.contains("unit variant") {
+            let given = lookup(table, &key).map_or("a non-string value", toml_type);
+            let choices = allowed_values::<T>(value, &key[name.len() + 1..]);
+            return TrainError::config(
+                key,
+                format!("expected one of {choices} (a quoted string), got {given}"),
+            );
+        }
         TrainError::config(key, message)
     })
+}
+
+/// The TOML value at a dotted `key` of `table`.
+fn lookup<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+    let mut parts = key.split('.');
+    let mut value = table.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_table()?.get(part)?;
+    }
+    Some(value)
+}
+
+/// How a TOML value's type reads in a message.
+fn toml_type(value: &toml::Value) -> &'static str {
+    match value {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "an integer",
+        toml::Value::Float(_) => "a float",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+/// The allowed values of the enum at `path` (dotted, inside the section `value`), as serde's
+/// "unknown variant" message lists them: `value` with that key set to a string no variant has.
+fn allowed_values<T: DeserializeOwned>(value: &toml::Value, path: &str) -> String {
+    let mut probe = value.clone();
+    let mut slot = Some(&mut probe);
+    for part in path.split('.') {
+        slot = slot
+            .and_then(|v| v.as_table_mut())
+            .and_then(|t| t.get_mut(part));
+    }
+    let Some(slot) = slot else {
+        return "its named values".to_string();
+    };
+    *slot = toml::Value::String("\u{1}".to_string());
+    match serde_path_to_error::deserialize::<_, T>(probe) {
+        Err(e) => {
+            let message = e.into_inner().message().to_string();
+            message
+                .split_once("expected ")
+                .map_or("its named values".to_string(), |(_, rest)| {
+                    rest.trim_start_matches("one of ").to_string()
+                })
+        }
+        Ok(_) => "its named values".to_string(),
+    }
 }
 
 /// Parse `value` of a `--set key=value` as TOML, or as a bare string.
