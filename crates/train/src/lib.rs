@@ -23,6 +23,7 @@ pub mod parallel;
 pub mod peak;
 pub mod plot;
 pub mod records;
+pub mod refused;
 pub mod resume;
 pub mod schedule;
 pub mod step;

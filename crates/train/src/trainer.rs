@@ -134,6 +134,11 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
 
     // 1. Model, optimizer and state: fresh, or from the newest good checkpoint (a branch's is
     //    its parent's, copied in first).
+    // A refused branch removes what it copied in, so the corrected command can run.
+    let mut undo = crate::refused::Undo::new(
+        run_dir,
+        opts.from_checkpoint.is_some() && crate::refused::only_lock(run_dir),
+    );
     let resume = match &opts.from_checkpoint {
         Some(from) => {
             let step = crate::resume::branch_from(from, run_dir)?;
@@ -151,6 +156,16 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     );
 
     // 2. Data, resumed at the cursor of the last consumed batch.
+    if resume_from.is_some() && state.step > config.training.max_steps {
+        return Err(TrainError::config(
+            "training.max_steps",
+            format!(
+                "is {} but the checkpoint is already at step {}; give --max-steps {} or more to \
+                 train on (nothing was changed)",
+                config.training.max_steps, state.step, state.step
+            ),
+        ));
+    }
     let cursor = resume_from.as_ref().and(state.data_cursor.as_ref());
     let mut data = DataPipeline::new(config, cursor, model.config.vocab_size)?;
     if let Some(tok_path) = data.tokenizer_path() {
@@ -169,6 +184,7 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         .map(|p| qwen_burn_data::read_task(p))
         .collect::<qwen_burn_data::Result<Vec<_>>>()?;
     let token_bytes = data.tokenizer().map_or_else(Vec::new, |t| t.token_bytes());
+    undo.disarm();
 
     let keep_until = resume_from.as_ref().map(|_| state.step);
     let metrics = MetricsLog::open(run_dir, "metrics.jsonl", keep_until)?;

@@ -60,7 +60,55 @@ pub struct Args {
     pub bucket: Option<usize>,
 }
 
+/// `--records`, checked before any work: not a file the command reads (the task, the model's
+/// directory or files, the tokenizer), not a directory, and in a directory that exists. It is
+/// written through a temporary file beside it, renamed when complete.
+fn check_records(args: &Args) -> Result<()> {
+    let Some(out) = &args.records else {
+        return Ok(());
+    };
+    let inputs = [
+        args.task.as_deref(),
+        args.text.as_deref(),
+        args.tokenizer.as_deref(),
+        Some(args.model.model.as_path()),
+    ];
+    for input in inputs.into_iter().flatten() {
+        // A file of the model's directory (its config.json, weights or tokenizer).
+        let inside = out.exists()
+            && out
+                .parent()
+                .is_some_and(|p| input.is_dir() && super::outputs::same_entry(p, input));
+        if super::outputs::same_entry(out, input) || inside {
+            bail!(
+                "--records {} would overwrite {}, which this command reads; choose another file",
+                out.display(),
+                input.display()
+            );
+        }
+    }
+    if out.is_dir() {
+        bail!(
+            "--records {} is a directory; give a file name",
+            out.display()
+        );
+    }
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "--records {}: the directory {} does not exist",
+            out.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> Result<()> {
+    check_records(&args)?;
     let (model, device) = args.model.load()?;
     let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
@@ -141,15 +189,18 @@ fn run_task(
         eprintln!();
     }
     if let Some(out) = &args.records {
+        let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
         let mut file = std::io::BufWriter::new(
-            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
         );
         for s in &scores {
             serde_json::to_writer(&mut file, s)?;
             writeln!(file)?;
         }
         file.flush()
-            .with_context(|| format!("writing {}", out.display()))?;
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        drop(file);
+        std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))?;
     }
     if args.json {
         println!("{}", serde_json::to_string(&result)?);

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use qwen_burn_train::checkpoint::{ModelDir, find_beside, resolve_model_dir};
 
+use super::outputs::{check_model_out, copy_atomic, remove_stale_shards, same_entry};
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Checkpoint directory, run directory (newest checkpoint) or HF directory.
@@ -17,14 +19,10 @@ pub struct Args {
     /// (HF Qwen3-MoE has no such parameter, so routing in transformers will differ).
     #[arg(long)]
     pub drop_routing_bias: bool,
-}
-
-/// Whether two paths name the same existing file or directory.
-fn same_entry(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
+    /// Replace the model already in --out (its index and shards included). A checkpoint or a
+    /// run directory is never replaced.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 /// What dropping the routing bias changes, as the run measured it on its validation tokens
@@ -78,6 +76,7 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
     }
+    check_model_out(&args.out, args.overwrite)?;
     let device = burn::tensor::Device::flex();
     let mut model = qwen_burn_train::checkpoint::load_model_any(&args.checkpoint, &device)
         .with_context(|| format!("loading {}", args.checkpoint.display()))?;
@@ -88,6 +87,7 @@ pub fn run(args: Args) -> Result<()> {
     model
         .save_pretrained(&args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
+    remove_stale_shards(&args.out)?;
     // Ship the tokenizer and the generation defaults with the model when we can find them
     // (next to the checkpoint, or in its run directory).
     for name in ["tokenizer.json", "generation_config.json"] {
@@ -97,7 +97,7 @@ pub fn run(args: Args) -> Result<()> {
                 // --out is the run directory that holds it: it is already in place.
                 continue;
             }
-            std::fs::copy(&src, &dest).with_context(|| format!("copying {}", src.display()))?;
+            copy_atomic(&src, &dest)?;
         }
     }
     println!(

@@ -17,10 +17,15 @@ pub struct Args {
     /// Output HF model directory.
     #[arg(long)]
     out: PathBuf,
+    /// Replace the model already in --out (its index and shards included). A checkpoint or a
+    /// run directory is never replaced.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// Write the initial weights `train` would start from, as an HF model directory.
 pub fn run(args: Args) -> Result<()> {
+    super::outputs::check_model_out(&args.out, args.overwrite)?;
     let config = args.config.load(&[])?;
     let ModelSource::Scratch(model_config) = &config.model else {
         bail!("init needs an inline [model] architecture");
@@ -34,6 +39,7 @@ pub fn run(args: Args) -> Result<()> {
         config.training.seed,
     );
     model.save_pretrained(&args.out)?;
+    super::outputs::remove_stale_shards(&args.out)?;
     println!(
         "wrote the step-0 weights of {} to {}",
         args.config.config.display(),

@@ -8,6 +8,7 @@ pub mod eval;
 pub mod export;
 pub mod generate;
 pub mod init;
+pub mod outputs;
 pub mod plot;
 pub mod score;
 pub mod tokenizer;
