@@ -168,10 +168,7 @@ fn the_dashboard_shows_the_run_and_its_stop_key_leaves_a_checkpoint_that_resumes
     let checkpoint = run.join(format!("checkpoints/step-{stopped:08}"));
     assert!(checkpoint.join("state.json").exists(), "{after}");
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-    assert!(
-        log.contains("stopped with the dashboard's stop key"),
-        "{log}"
-    );
+    assert!(log.contains("stopped by the dashboard's stop key"), "{log}");
     drop(tmux);
 
     // 2. Resumed under the dashboard: the bar starts where the run stands, and the plots hold
@@ -236,4 +233,46 @@ fn without_a_terminal_the_dashboard_falls_back_to_lines_with_a_notice() {
     assert!(text.contains("needs a terminal"), "{text}");
     assert!(text.contains("step      3/3 | loss"), "{text}");
     assert!(text.contains("done: 3 steps"), "{text}");
+}
+
+/// SIGTERM (or SIGINT) under the dashboard: the run stops at the end of its step with a
+/// checkpoint, the terminal is given back (cooked mode, main screen, mouse released) and the
+/// exit code is 128 + the signal.
+#[test]
+fn a_signal_under_the_dashboard_checkpoints_and_gives_the_terminal_back() {
+    if !Tmux::available() {
+        eprintln!("SKIPPED: tmux is not installed (CI installs it)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let config = config(tmp.path());
+    for (signal, code) in [("TERM", 143), ("INT", 130)] {
+        let run = tmp.path().join(format!("run-{signal}"));
+        let command = format!(
+            "{}; code=$?; if stty -a | grep -q -- -icanon; then echo MODE=raw; else echo MODE=icanon; fi; (exit $code)",
+            train_cmd(&config, &run, "")
+        );
+        let tmux = Tmux::start(&format!("signal-{signal}"), &command);
+        tmux.wait_for("a few steps", |s| {
+            number_after(s, "Items  :").is_some_and(|n| n >= 5)
+        });
+        let pid = tmux.run(&["list-panes", "-t", "t", "-F", "#{pane_pid}"]);
+        // The pane's shell runs qwen-burn as its child.
+        let out = Command::new("pkill")
+            .args([&format!("-{signal}"), "-P", pid.trim(), "-f", "qwen-burn"])
+            .output()
+            .expect("pkill runs");
+        assert!(out.status.success(), "pkill: {}", stderr(&out));
+        let after = tmux.wait_for("the run to exit", |s| s.contains("MODE="));
+        assert!(after.contains(&format!("EXIT={code}")), "{signal}: {after}");
+        assert!(
+            after.contains("MODE=icanon"),
+            "{signal}: the terminal stays raw:\n{after}"
+        );
+        let stopped = number_after(&after, "stopped:").expect("stopped: N steps");
+        let checkpoint = run.join(format!("checkpoints/step-{stopped:08}"));
+        assert!(checkpoint.join("state.json").exists(), "{signal}: {after}");
+        let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+        assert!(log.contains(&format!("stopped by SIG{signal}")), "{log}");
+    }
 }

@@ -26,6 +26,7 @@ pub mod records;
 pub mod refused;
 pub mod resume;
 pub mod schedule;
+pub mod signals;
 pub mod step;
 pub mod step_stats;
 pub mod tasks;

@@ -71,9 +71,12 @@ pub struct RunSummary {
     pub tokens_per_sec: f64,
     /// Directory of the final checkpoint.
     pub checkpoint: Option<PathBuf>,
-    /// The run was stopped before `max_steps` with the dashboard's stop key (after writing
-    /// the checkpoint of its last step).
+    /// The run was stopped before `max_steps` with the dashboard's stop key or a signal (after
+    /// writing the checkpoint of its last step).
     pub stopped: bool,
+    /// The signal that stopped it (SIGTERM, SIGINT), if one did: `train` exits with
+    /// `128 + signal`.
+    pub stopped_by: Option<i32>,
 }
 
 /// Run (or resume) training as the config says.
@@ -250,6 +253,8 @@ impl Loop<'_> {
             cache_path().as_deref(),
         )?;
         let progress = self.progress(max_steps, state.step)?;
+        // From here SIGTERM / SIGINT stop the run at the end of the step, with a checkpoint.
+        let signals = crate::signals::StopSignals::install()?;
         if let Some(note) = peak_note {
             progress.line(&note);
         }
@@ -281,6 +286,7 @@ impl Loop<'_> {
         let mut consecutive_skips = 0usize;
         let mut collapse = CollapseWatch::default();
         let mut stopped = false;
+        let mut stopped_by = None;
 
         if state.step == 0 && t.eval_interval > 0 {
             // The starting point of the validation curve.
@@ -427,7 +433,8 @@ impl Loop<'_> {
             if t.sample_interval > 0 && (s.is_multiple_of(t.sample_interval) || last) {
                 self.sample(&model, s, &progress)?;
             }
-            let stop = progress.stop_requested() && !last;
+            let signal = signals.received();
+            let stop = (progress.stop_requested() || signal.is_some()) && !last;
             if (cfg.checkpoint.interval > 0 && s.is_multiple_of(cfg.checkpoint.interval))
                 || last
                 || stop
@@ -444,10 +451,12 @@ impl Loop<'_> {
                 last_checkpoint = Some(dir);
             }
             if stop {
+                let by = signal.map_or("the dashboard's stop key", crate::signals::name);
                 progress.line(&format!(
-                    "step {s:>6} | stopped with the dashboard's stop key; `train --resume` continues"
+                    "step {s:>6} | stopped by {by}; `train --resume` continues"
                 ));
                 stopped = true;
+                stopped_by = signal;
                 break;
             }
             window_start += side_work.elapsed();
@@ -463,6 +472,7 @@ impl Loop<'_> {
             tokens_per_sec: tokens_this_process as f64 / elapsed.max(1e-9),
             checkpoint: last_checkpoint,
             stopped,
+            stopped_by,
         })
     }
 

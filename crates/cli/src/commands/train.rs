@@ -68,5 +68,10 @@ pub fn run(args: Args) -> Result<()> {
             .checkpoint
             .map_or("-".into(), |p| p.display().to_string())
     );
+    if let Some(signal) = summary.stopped_by {
+        // A batch system sees that the run was stopped, not finished (README "What a run
+        // promises").
+        std::process::exit(128 + signal);
+    }
     Ok(())
 }
