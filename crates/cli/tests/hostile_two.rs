@@ -325,3 +325,105 @@ fn a_refused_resume_or_branch_changes_nothing_and_leaves_nothing() {
     ok(&qwen_burn(&fixed, &[]));
     assert!(branch.join("checkpoints").join("step-00000006").is_dir());
 }
+
+/// SIGTERM on a plain (batch) `train`: the step in progress ends, a checkpoint is written at
+/// it, the exit code is 143, and `--resume` continues from it.
+#[test]
+fn sigterm_ends_a_batch_run_with_a_checkpoint_and_code_143() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = tiny_config(dir.path(), false, 100_000, 100_000, "");
+    let run = dir.path().join("run");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_qwen-burn"))
+        .args(["train", "--config", s(&config), "--run-dir", s(&run)])
+        .current_dir(repo_root())
+        .env(
+            "QWEN_BURN_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("qwen-burn starts");
+    let start = Instant::now();
+    let logged = |run: &Path| {
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .map(|t| t.matches("\"split\":\"train\"").count())
+            .unwrap_or(0)
+    };
+    while logged(&run) < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no steps logged"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let out = child.wait_with_output().expect("qwen-burn ends");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(143), "{stdout}\n{}", stderr(&out));
+    assert!(stdout.contains("stopped by SIGTERM"), "{stdout}");
+    let step: usize = stdout
+        .split("stopped: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("stopped: N steps");
+    assert!(
+        run.join(format!("checkpoints/step-{step:08}/state.json"))
+            .is_file()
+    );
+    let more = (step + 2).to_string();
+    let resumed = ok(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&run),
+            "--resume",
+            "--max-steps",
+            &more,
+        ],
+        &[],
+    ));
+    assert!(
+        resumed.contains(&format!("resumed at step {step}")),
+        "{resumed}"
+    );
+}
+
+/// A corrupt Parquet task whose page makes the `parquet` crate panic: one error naming the
+/// file, and no "panicked at" line before it.
+#[test]
+fn a_corrupt_parquet_task_is_one_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf(dir.path());
+    let task = dir.path().join("task.parquet");
+    std::fs::copy(
+        repo_root().join("crates/data/tests/fixtures/parquet/fuzz_bit_util_panic.parquet"),
+        &task,
+    )
+    .expect("copy");
+    let tok = repo_root().join("datasets/tokenizer.json");
+    let err = fails(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--tokenizer",
+            s(&tok),
+            "--task",
+            s(&task),
+        ],
+        &[],
+    ));
+    assert!(
+        err.contains("corrupt Parquet data") && err.contains("task.parquet"),
+        "{err}"
+    );
+}

@@ -35,7 +35,14 @@ fn err(path: &Path, message: impl Into<String>) -> DataError {
 /// re-implementing the decoders, so the panic is caught here and reported as the corrupt file it
 /// is; the reader is not used after it (see [`ParquetDocuments::next_row_group`]).
 fn guarded<T>(path: &Path, call: impl FnOnce() -> Result<T>) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+    quiet_panics::install();
+    let result = quiet_panics::QUIET.with(|quiet| {
+        quiet.set(true);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
+        quiet.set(false);
+        result
+    });
+    result.unwrap_or_else(|panic| {
         Err(err(
             path,
             format!(
@@ -44,6 +51,31 @@ fn guarded<T>(path: &Path, call: impl FnOnce() -> Result<T>) -> Result<T> {
             ),
         ))
     })
+}
+
+/// The panic hook's message ("thread ... panicked at ...") is not printed for a panic that
+/// [`guarded`] turns into an error: a user would read it as a crash before the error that names
+/// the corrupt file. One hook, installed once for the process, stays silent only on a thread
+/// inside [`guarded`] and hands every other panic to the hook it replaced.
+mod quiet_panics {
+    use std::cell::Cell;
+    use std::sync::Once;
+
+    thread_local! {
+        pub static QUIET: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if !QUIET.with(Cell::get) {
+                    previous(info);
+                }
+            }));
+        });
+    }
 }
 
 /// Every column chunk the footer lists must lie inside the file: the `parquet` crate asserts

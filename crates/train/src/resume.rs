@@ -348,14 +348,23 @@ pub fn branch_from(from: &Path, run_dir: &Path) -> Result<usize> {
             }
         }
     }
+    // Paths as text: a path that is not UTF-8 is written with U+FFFD for its odd bytes (JSON
+    // holds only text), never a panic.
+    let text = |p: &Path| {
+        std::fs::canonicalize(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .to_string_lossy()
+            .into_owned()
+    };
     let record = serde_json::json!({
-        "parent_checkpoint": std::fs::canonicalize(from).unwrap_or_else(|_| from.to_path_buf()),
-        "parent_run": parent_run.map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())),
+        "parent_checkpoint": text(from),
+        "parent_run": parent_run.map(text),
         "step": state.step,
     });
     let path = run_dir.join("branch.json");
-    std::fs::write(&path, format!("{record:#}\n"))
-        .map_err(|e| TrainError::io("write", &path, e))?;
+    let tmp = run_dir.join("branch.json.tmp");
+    std::fs::write(&tmp, format!("{record:#}\n")).map_err(|e| TrainError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
     Ok(state.step)
 }
 
