@@ -427,3 +427,74 @@ fn a_corrupt_parquet_task_is_one_clear_error() {
         "{err}"
     );
 }
+
+/// A branch from a checkpoint whose path is not UTF-8: the run starts (branch.json holds the
+/// path as text) instead of panicking.
+#[test]
+fn a_branch_from_a_non_utf8_path_runs() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = tiny_config(dir.path(), false, 2, 2, "");
+    let parent = dir.path().join(OsStr::from_bytes(b"parent-\xff"));
+    let run = |args: &[&OsStr]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_qwen-burn"))
+            .args(args)
+            .current_dir(repo_root())
+            .env(
+                "QWEN_BURN_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
+            )
+            .output()
+            .expect("qwen-burn runs")
+    };
+    let os = OsStr::new;
+    ok(&run(&[
+        os("train"),
+        os("--config"),
+        config.as_os_str(),
+        os("--run-dir"),
+        parent.as_os_str(),
+    ]));
+    let ckpt = parent.join("checkpoints").join("step-00000002");
+    let branch = dir.path().join("branch");
+    ok(&run(&[
+        os("train"),
+        os("--config"),
+        config.as_os_str(),
+        os("--run-dir"),
+        branch.as_os_str(),
+        os("--from-checkpoint"),
+        ckpt.as_os_str(),
+        os("--max-steps"),
+        os("3"),
+    ]));
+    let record = std::fs::read_to_string(branch.join("branch.json")).expect("branch.json");
+    assert!(record.contains("parent-\u{fffd}"), "{record}");
+}
+
+/// Two `[eval]` tasks whose files share a name would be logged and plotted as one task.
+#[test]
+fn two_eval_tasks_of_one_name_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = repo_root().join("datasets/tasks/austen_cloze.jsonl");
+    std::fs::create_dir_all(dir.path().join("other")).expect("dir");
+    let copy = dir.path().join("other/austen_cloze.jsonl");
+    std::fs::copy(&task, &copy).expect("copy");
+    let extra = format!(
+        "\n[eval]\ntasks = [\"{}\", \"{}\"]\n",
+        task.display(),
+        copy.display()
+    );
+    let config = tiny_config(dir.path(), false, 1, 1, &extra);
+    let run = dir.path().join("run");
+    let err = fails(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&run)],
+        &[],
+    ));
+    assert!(
+        err.contains("eval.tasks") && err.contains("`austen_cloze`"),
+        "{err}"
+    );
+    assert!(!run.exists(), "refused before the run directory");
+}

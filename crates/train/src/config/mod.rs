@@ -384,6 +384,24 @@ impl RunConfig {
     }
 
     fn validate(&self) -> Result<()> {
+        // Tasks are logged and plotted by name (the file name without its extensions): two
+        // files of one name would merge into one curve.
+        let mut names = std::collections::BTreeMap::new();
+        for path in &self.eval.tasks {
+            let name = crate::tasks::task_name(path);
+            if let Some(first) = names.insert(name.clone(), path) {
+                return Err(TrainError::config(
+                    "eval.tasks",
+                    format!(
+                        "{} and {} are both named `{name}` (the file name without its \
+                         extensions, which names a task in metrics.jsonl and its plot); rename \
+                         or copy one",
+                        first.display(),
+                        path.display()
+                    ),
+                ));
+            }
+        }
         let t = &self.training;
         let positive = [
             ("training.batch_size", t.batch_size),
