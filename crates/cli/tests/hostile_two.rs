@@ -498,3 +498,91 @@ fn two_eval_tasks_of_one_name_are_refused() {
     );
     assert!(!run.exists(), "refused before the run directory");
 }
+
+/// `score` reads `input_ids` only: a padding mask or labels beside them are refused, not
+/// ignored (padding would be scored as text).
+#[test]
+fn score_refuses_what_it_would_ignore() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf(dir.path());
+    let rows = dir.path().join("rows.json");
+    for extra in [
+        r#""attention_mask": [[1, 1, 1, 0]]"#,
+        r#""labels": [[5, 6, 7, -100]]"#,
+    ] {
+        let text = format!(r#"{{"input_ids": [[5, 6, 7, 0]], {extra}}}"#);
+        std::fs::write(&rows, text).expect("rows");
+        let err = fails(&qwen_burn(
+            &["score", "--model", s(&hf), "--tokens", s(&rows)],
+            &[],
+        ));
+        let key = extra.split('"').nth(1).expect("key");
+        assert!(
+            err.contains(&format!("`{key}`")) && err.contains("input_ids"),
+            "{err}"
+        );
+    }
+    std::fs::write(&rows, r#"{"input_ids": [[5, 6, 7, 8]]}"#).expect("rows");
+    ok(&qwen_burn(
+        &["score", "--model", s(&hf), "--tokens", s(&rows)],
+        &[],
+    ));
+}
+
+/// A forward that cannot fit is refused before it allocates, naming the options that size it,
+/// with the limit `train` uses (`QWEN_BURN_MEMORY_LIMIT` here, set low).
+#[test]
+fn forwards_that_cannot_fit_are_refused_naming_the_options() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf(dir.path());
+    let tok = repo_root().join("datasets/tokenizer.json");
+    let text = repo_root().join("datasets/shakespeare/sonnets_gut.txt.gz");
+    let limit = [("QWEN_BURN_MEMORY_LIMIT", "64MiB")];
+    let err = fails(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--tokenizer",
+            s(&tok),
+            "--text",
+            s(&text),
+            "--context",
+            "64",
+            "--batch-size",
+            "64",
+        ],
+        &limit,
+    ));
+    assert!(err.contains("--batch-size x --context"), "{err}");
+    // The same text in small batches fits.
+    ok(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--tokenizer",
+            s(&tok),
+            "--text",
+            s(&text),
+            "--context",
+            "64",
+            "--batch-size",
+            "2",
+            "--max-tokens",
+            "512",
+        ],
+        &limit,
+    ));
+    // score: 40 rows of 32 tokens in one forward.
+    let rows: Vec<Vec<u32>> = (0..40)
+        .map(|r| (0..32).map(|c| (r * 32 + c) % 8000).collect())
+        .collect();
+    let path = dir.path().join("rows.json");
+    std::fs::write(&path, serde_json::json!({ "input_ids": rows }).to_string()).expect("rows");
+    let err = fails(&qwen_burn(
+        &["score", "--model", s(&hf), "--tokens", s(&path)],
+        &limit,
+    ));
+    assert!(err.contains("rows x tokens of --tokens"), "{err}");
+}

@@ -190,6 +190,31 @@ impl Qwen3Config {
     pub fn check_fits_in_memory(&self, what: &str) -> Result<()> {
         self.parameter_estimate().check(what)
     }
+
+    /// The memory of one forward without gradients over `rows` rows of `tokens` tokens that
+    /// keeps every position's logits (scoring): the parameters, the logits and their
+    /// log-probabilities (`rows x tokens x vocab_size`, twice), and one layer's activations at a
+    /// time. `shape` names the options that set `rows x tokens` (`--batch-size x --context`).
+    pub fn forward_estimate(&self, rows: usize, tokens: usize, shape: &str) -> Estimate {
+        let n = |x: usize| x as u128;
+        let mut estimate = self.parameter_estimate();
+        let positions = n(rows) * n(tokens);
+        estimate.push(
+            2 * positions * n(self.vocab_size) * F32,
+            format!("logits and log-probabilities ({shape} x vocab_size, twice)"),
+        );
+        let (h, hd) = (n(self.hidden_size), n(self.head_dim));
+        let (hq, hkv) = (n(self.num_attention_heads), n(self.num_key_value_heads));
+        let inner = match &self.moe {
+            Some(moe) => n(moe.num_experts_per_tok) * n(moe.moe_intermediate_size),
+            None => n(self.intermediate_size),
+        };
+        estimate.push(
+            positions * (5 * h + 2 * hq * hd + 2 * hkv * hd + 3 * inner) * F32,
+            format!("one layer's activations ({shape} x hidden sizes)"),
+        );
+        estimate
+    }
 }
 
 #[cfg(test)]

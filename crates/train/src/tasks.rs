@@ -413,6 +413,17 @@ pub fn evaluate_task(
             if !group.is_empty() && (w + l > max_len || c * l * vocab > MAX_LOGITS) {
                 break;
             }
+            if group.is_empty() && c * l * vocab > MAX_LOGITS {
+                // One question alone over the usual bound: scored if the machine holds it.
+                model
+                    .config
+                    .forward_estimate(c, l, "its choices x its longest choice")
+                    .check(&format!(
+                        "{}: question {}'s forward",
+                        task.path.display(),
+                        index + 1
+                    ))?;
+            }
             (width, longest, choices) = (w, l, c);
             group.push((index, encoded));
             index += 1;

@@ -137,6 +137,11 @@ pub fn run(args: Args) -> Result<()> {
     let context = args
         .context
         .unwrap_or(model.config.max_position_embeddings.min(1024));
+    // Before the first forward: its logits grow with --batch-size x --context x vocab_size.
+    model
+        .config
+        .forward_estimate(args.batch_size, context, "--batch-size x --context")
+        .check("eval --text's forward")?;
     let show = std::io::stderr().is_terminal();
     let result = windowed_loss(
         &model,

@@ -15,7 +15,8 @@ use super::ModelArgs;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// JSON file `{"input_ids": [[...], ...]}` with equal-length rows.
+    /// JSON file `{"input_ids": [[...], ...]}` with equal-length rows; every next-token
+    /// prediction is scored (any other key, such as `attention_mask` or `labels`, is refused).
     #[arg(long)]
     pub tokens: PathBuf,
     /// Also print the logits (flat, row-major `[b, t, vocab]`) under `logits`.
@@ -44,6 +45,19 @@ fn read_token_rows(path: &Path, vocab: usize) -> Result<(Vec<i64>, usize, usize)
         })?;
     if rows.is_empty() {
         bail!("{}: `input_ids` is empty", path.display());
+    }
+    // Every position of every row is scored: a padding mask or labels would be ignored, so
+    // padding would be scored as text. Refused instead.
+    if let Some(other) = value
+        .as_object()
+        .and_then(|o| o.keys().find(|k| k.as_str() != "input_ids"))
+    {
+        bail!(
+            "{}: `{other}` is not read by score, which scores every next-token prediction of \
+             every row (no padding mask, no labels); give only `input_ids`, with rows of real \
+             tokens of equal length",
+            path.display()
+        );
     }
     let mut flat = Vec::new();
     let mut width = None;
@@ -141,6 +155,11 @@ pub fn score_rows(
 pub fn run(args: Args) -> Result<()> {
     let (model, device) = args.model.load()?;
     let (ids, b, t) = read_token_rows(&args.tokens, model.config.vocab_size)?;
+    // One forward over every row: refuse what it cannot hold before allocating.
+    model
+        .config
+        .forward_estimate(b, t, "rows x tokens of --tokens")
+        .check(&format!("score of {}", args.tokens.display()))?;
     let tok = super::find_tokenizer(&args.model.model, args.tokenizer.as_deref())?;
     // The targets are every row's tokens after its first.
     let target_bytes = tok.as_ref().map(|tok| {
