@@ -417,7 +417,7 @@ fn resume_refuses_a_new_batch_shape_up_front() {
         ));
         let key = set.split('=').next().unwrap();
         assert!(
-            err.contains("--resume cannot change") && err.contains(key),
+            err.contains("(--resume or --from-checkpoint) cannot change") && err.contains(key),
             "{err}"
         );
         assert!(!err.contains("changed since the checkpoint"), "{err}");

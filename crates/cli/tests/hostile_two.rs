@@ -586,3 +586,43 @@ fn forwards_that_cannot_fit_are_refused_naming_the_options() {
     ));
     assert!(err.contains("rows x tokens of --tokens"), "{err}");
 }
+
+/// A resumed run whose `[eval]` tasks cannot be scored (more shots than the task has other
+/// questions) fails before it trains or writes anything, not at its first scoring.
+#[test]
+fn eval_tasks_are_checked_before_a_resumed_run_trains() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = repo_root().join("datasets/tasks/austen_cloze.jsonl");
+    let extra = format!(
+        "\n[eval]\ntasks = [\"{}\"]\ninterval = 1000\nlimit = 4\n",
+        task.display()
+    );
+    let config = tiny_config(dir.path(), false, 2, 2, &extra);
+    let run = dir.path().join("run");
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&run)],
+        &[],
+    ));
+    let run_toml = std::fs::read(run.join("run.toml")).expect("run.toml");
+    let err = fails(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&run),
+            "--resume",
+            "--max-steps",
+            "4",
+            "--set",
+            "eval.shots=100000",
+        ],
+        &[],
+    ));
+    assert!(err.contains("shots"), "{err}");
+    assert_eq!(
+        std::fs::read(run.join("run.toml")).expect("run.toml"),
+        run_toml
+    );
+    assert!(!run.join("checkpoints/step-00000003").exists());
+}

@@ -214,9 +214,9 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
         return Err(TrainError::Checkpoint {
             path: dir.to_path_buf(),
             reason: format!(
-                "--resume cannot change optimizer.kind from \"{}\" (the checkpoint's) to \"{}\": \
-                 the optimizer state it holds is the other optimizer's; start a new run \
-                 directory to change it",
+                "continuing a checkpoint (--resume or --from-checkpoint) cannot change \
+                 optimizer.kind from \"{}\" (the checkpoint's) to \"{}\": the optimizer state \
+                 it holds is the other optimizer's; start a new run to change it",
                 saved.optimizer.kind.as_str(),
                 config.optimizer.kind.as_str()
             ),
@@ -227,8 +227,9 @@ pub fn check_resume(dir: &Path, config: &RunConfig, model: &Qwen3Config) -> Resu
         return Err(TrainError::Checkpoint {
             path: dir.to_path_buf(),
             reason: format!(
-                "--resume cannot change {} (the checkpoint's data position is a place in a stream \
-                 of rows of that shape and kind); start a new run directory to change it",
+                "continuing a checkpoint (--resume or --from-checkpoint) cannot change {} (the \
+                 checkpoint's data position is a place in a stream of rows of that shape and \
+                 kind); start a new run to change it",
                 fixed.join(", ")
             ),
         });

@@ -88,6 +88,33 @@ pub fn encode_question(tok: &Tok, context: &str, choices: &[String]) -> Result<E
     })
 }
 
+/// Every question scoring would take (`opts.limit` of them) prepared as scoring prepares it:
+/// its few-shot context, its tokens, its fit to `max_position_embeddings`, without a forward.
+/// A run checks its `[eval]` tasks so before it trains, so that a resumed or branched run,
+/// whose first scoring comes `eval.interval` steps later, fails before it does any work.
+pub fn check_task(
+    model: &Qwen3ForCausalLM,
+    tok: &Tok,
+    task: &McTask,
+    opts: &TaskOptions,
+) -> Result<()> {
+    let n = opts
+        .limit
+        .map_or(task.items.len(), |l| l.min(task.items.len()));
+    for index in 0..n {
+        let context = task.context(index, opts.shots, opts.seed)?;
+        let encoded = encode_question(tok, &context, &task.items[index].choices)?;
+        fitted(model, &encoded.context_ids, &encoded.continuation_ids).map_err(|e| {
+            TrainError::Other(format!(
+                "{}: question {}: {e}",
+                task.path.display(),
+                index + 1
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// Logits one batched forward may hold, `[choices, tokens, vocab]` floats: 256 MiB.
 const MAX_LOGITS: usize = 1 << 26;
 /// Questions scored together by default.

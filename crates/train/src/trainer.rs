@@ -171,6 +171,26 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     }
     let cursor = resume_from.as_ref().and(state.data_cursor.as_ref());
     let mut data = DataPipeline::new(config, cursor, model.config.vocab_size)?;
+    // Bad task files, too many shots or questions that cannot fit fail here, before anything
+    // is written and before the first step, not at the first scoring.
+    let tasks = config
+        .eval
+        .tasks
+        .iter()
+        .map(|p| qwen_burn_data::read_task(p))
+        .collect::<qwen_burn_data::Result<Vec<_>>>()?;
+    if !tasks.is_empty() {
+        let Some(tok) = data.tokenizer() else {
+            return Err(TrainError::config(
+                "eval.tasks",
+                "scoring tasks needs the run's tokenizer (data.tokenizer)",
+            ));
+        };
+        let opts = task_options(&config.eval);
+        for task in &tasks {
+            crate::tasks::check_task(&model, tok, task, &opts)?;
+        }
+    }
     if let Some(tok_path) = data.tokenizer_path() {
         qwen_burn_data::tokenizer::copy_tokenizer_json(tok_path, &run_dir.join("tokenizer.json"))?;
     }
@@ -179,13 +199,6 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         .map_err(|e| TrainError::io("write", run_dir.join("run.toml"), e))?;
     model.config.save(run_dir)?;
 
-    // Bad task files fail here, before the first step, not at the first evaluation.
-    let tasks = config
-        .eval
-        .tasks
-        .iter()
-        .map(|p| qwen_burn_data::read_task(p))
-        .collect::<qwen_burn_data::Result<Vec<_>>>()?;
     let token_bytes = data.tokenizer().map_or_else(Vec::new, |t| t.token_bytes());
     undo.disarm();
 
@@ -582,13 +595,7 @@ impl Loop<'_> {
         step: usize,
         progress: &Progress,
     ) -> Result<()> {
-        let e = &self.config.eval;
-        let opts = TaskOptions {
-            shots: e.shots,
-            limit: (e.limit > 0).then_some(e.limit),
-            seed: e.seed,
-            batch: crate::tasks::DEFAULT_BATCH,
-        };
+        let opts = task_options(&self.config.eval);
         let valid = model.valid();
         let device = self.device.clone().without_autodiff();
         let Some(tok) = self.data.tokenizer() else {
@@ -636,4 +643,14 @@ pub fn default_run_dir(config_path: &Path) -> PathBuf {
         .file_stem()
         .map_or("run".into(), |s| s.to_string_lossy().to_string());
     PathBuf::from("runs").join(stem)
+}
+
+/// How a run scores its `[eval]` tasks.
+fn task_options(e: &crate::config::EvalConfig) -> TaskOptions {
+    TaskOptions {
+        shots: e.shots,
+        limit: (e.limit > 0).then_some(e.limit),
+        seed: e.seed,
+        batch: crate::tasks::DEFAULT_BATCH,
+    }
 }

@@ -137,11 +137,15 @@ pub fn run(args: Args) -> Result<()> {
     let context = args
         .context
         .unwrap_or(model.config.max_position_embeddings.min(1024));
-    // Before the first forward: its logits grow with --batch-size x --context x vocab_size.
-    model
-        .config
-        .forward_estimate(args.batch_size, context, "--batch-size x --context")
-        .check("eval --text's forward")?;
+    // Before the first forward: its logits grow with --batch-size x --context x vocab_size
+    // (a batch holds at most the text's windows; none is windowed_loss's own error).
+    let rows = args.batch_size.min(ids.len() / context.max(1));
+    if rows > 0 {
+        model
+            .config
+            .forward_estimate(rows, context, "--batch-size x --context")
+            .check("eval --text's forward")?;
+    }
     let show = std::io::stderr().is_terminal();
     let result = windowed_loss(
         &model,
