@@ -115,6 +115,17 @@ fn train_here(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     for notice in &config.notices {
         eprintln!("{notice}");
     }
+    if config.optimizer.kind == crate::config::OptimizerKind::Muon
+        && let Some(lora) = &config.lora
+        && lora.rank < crate::muon::MIN_MUON_ADAPTER_RANK
+    {
+        eprintln!(
+            "note: optimizer.kind = \"muon\" with lora.rank = {}: adapters of rank below {} are \
+             trained by AdamW (Muon's step diverged on them; experiments/007-optimizers)",
+            lora.rank,
+            crate::muon::MIN_MUON_ADAPTER_RANK
+        );
+    }
     if let Some(moe) = &model_config.moe
         && moe.router_centering
         && config.lora.is_some()

@@ -219,33 +219,38 @@ fn muon_trains_the_hidden_matrices_and_adamw_the_rest() {
     );
     assert_eq!(adamw.len(), 3, "embedding and two routers: {adamw:?}");
 
-    // LoRA on q and v: the adapters (the only trainable matrices there) follow the same rule.
-    let lora = qwen_burn_train::checkpoint::apply_lora(
-        Qwen3ForCausalLM::new(&config(DENSE), &device),
-        &LoraConfig {
-            rank: 2,
-            alpha: 4.0,
-            targets: vec![LoraTarget::QProj, LoraTarget::VProj],
-            ..Default::default()
-        },
-    );
-    // The adapters are the `a` and `b` matrices under each adapted weight's `lora`.
-    let trainable: Vec<String> = params(&lora)
-        .into_iter()
-        .filter(|(p, _, _)| p.contains(".lora"))
-        .map(|(p, _, _)| p)
-        .collect();
-    let (muon, _) = routed(&lora);
-    let adapters: Vec<&String> = trainable.iter().filter(|p| muon.contains(p)).collect();
-    assert_eq!(
-        adapters.len(),
-        2 * 2 * 2,
-        "A and B of q and v in 2 layers: {trainable:#?}"
-    );
-    assert!(
-        trainable
-            .iter()
-            .all(|p| muon.contains(p) || !p.contains("layers")),
-        "every trainable matrix of the layers goes to Muon: {trainable:#?} vs {muon:#?}"
-    );
+    // LoRA on q and v: adapters of rank 8 or more go to Muon; below that (rank 2 here) to
+    // AdamW, where Muon's equal-sized step on one or two directions diverged
+    // (`experiments/007-optimizers`).
+    for (rank, to_muon) in [(2, false), (8, true)] {
+        let lora = qwen_burn_train::checkpoint::apply_lora(
+            Qwen3ForCausalLM::new(&config(DENSE), &device),
+            &LoraConfig {
+                rank,
+                alpha: 2.0 * rank as f64,
+                targets: vec![LoraTarget::QProj, LoraTarget::VProj],
+                ..Default::default()
+            },
+        );
+        // The adapters are the `a` and `b` matrices under each adapted weight's `lora`.
+        let adapters: Vec<String> = params(&lora)
+            .into_iter()
+            .filter(|(p, _, _)| p.contains(".lora"))
+            .map(|(p, _, _)| p)
+            .collect();
+        assert_eq!(adapters.len(), 2 * 2 * 2, "A and B of q and v in 2 layers");
+        let (muon, adamw) = routed(&lora);
+        for p in &adapters {
+            let (want, other) = if to_muon {
+                (&muon, &adamw)
+            } else {
+                (&adamw, &muon)
+            };
+            assert!(
+                want.contains(p) && !other.contains(p),
+                "rank {rank}: {p} to {}",
+                if to_muon { "Muon" } else { "AdamW" }
+            );
+        }
+    }
 }
