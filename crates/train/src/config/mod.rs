@@ -12,9 +12,12 @@ use qwen_burn_model::Qwen3Config;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Result, TrainError};
+use choices::{allowed_values, lookup, toml_type};
 
 mod sections;
 pub use sections::*;
+
+mod choices;
 
 /// Where the model comes from.
 #[derive(Debug, Clone)]
@@ -114,7 +117,8 @@ fn section<T: DeserializeOwned + Default>(
         // was given and the choices (found by asking serde about a value no choice has).
         if message.contains("unit variant") {
             let given = lookup(table, &key).map_or("a non-string value", toml_type);
-            let choices = allowed_values::<T>(value, &key[name.len() + 1..]);
+            let inner = key.strip_prefix(&format!("{name}.")).unwrap_or_default();
+            let choices = allowed_values::<T>(value, inner);
             return TrainError::config(
                 key,
                 format!("expected one of {choices} (a quoted string), got {given}"),
@@ -122,56 +126,6 @@ fn section<T: DeserializeOwned + Default>(
         }
         TrainError::config(key, message)
     })
-}
-
-/// The TOML value at a dotted `key` of `table`.
-fn lookup<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
-    let mut parts = key.split('.');
-    let mut value = table.get(parts.next()?)?;
-    for part in parts {
-        value = value.as_table()?.get(part)?;
-    }
-    Some(value)
-}
-
-/// How a TOML value's type reads in a message.
-fn toml_type(value: &toml::Value) -> &'static str {
-    match value {
-        toml::Value::String(_) => "a string",
-        toml::Value::Integer(_) => "an integer",
-        toml::Value::Float(_) => "a float",
-        toml::Value::Boolean(_) => "a boolean",
-        toml::Value::Datetime(_) => "a date",
-        toml::Value::Array(_) => "an array",
-        toml::Value::Table(_) => "a table",
-    }
-}
-
-/// The allowed values of the enum at `path` (dotted, inside the section `value`), as serde's
-/// "unknown variant" message lists them: `value` with that key set to a string no variant has.
-fn allowed_values<T: DeserializeOwned>(value: &toml::Value, path: &str) -> String {
-    let mut probe = value.clone();
-    let mut slot = Some(&mut probe);
-    for part in path.split('.') {
-        slot = slot
-            .and_then(|v| v.as_table_mut())
-            .and_then(|t| t.get_mut(part));
-    }
-    let Some(slot) = slot else {
-        return "its named values".to_string();
-    };
-    *slot = toml::Value::String("\u{1}".to_string());
-    match serde_path_to_error::deserialize::<_, T>(probe) {
-        Err(e) => {
-            let message = e.into_inner().message().to_string();
-            message
-                .split_once("expected ")
-                .map_or("its named values".to_string(), |(_, rest)| {
-                    rest.trim_start_matches("one of ").to_string()
-                })
-        }
-        Ok(_) => "its named values".to_string(),
-    }
 }
 
 /// Parse `value` of a `--set key=value` as TOML, or as a bare string.
