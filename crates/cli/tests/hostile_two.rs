@@ -626,3 +626,53 @@ fn eval_tasks_are_checked_before_a_resumed_run_trains() {
     );
     assert!(!run.join("checkpoints/step-00000003").exists());
 }
+
+/// One `eval --task` question whose choices alone need more logits than the usual grouping
+/// bound (a large vocabulary and long choices) is checked against the memory limit before its
+/// forward, naming what sizes it.
+#[test]
+fn an_oversized_task_question_is_refused_before_its_forward() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A 65,536-token vocabulary with room for long choices.
+    let extra = "";
+    let config = tiny_config(dir.path(), false, 1, 1, extra);
+    let text = std::fs::read_to_string(&config)
+        .expect("config")
+        .replace("vocab_size = 8192", "vocab_size = 65536")
+        .replace(
+            "max_position_embeddings = 64",
+            "max_position_embeddings = 1024",
+        );
+    std::fs::write(&config, text).expect("config");
+    let hf = dir.path().join("hf");
+    ok(&qwen_burn(
+        &["init", "--config", s(&config), "--out", s(&hf)],
+        &[],
+    ));
+    // Four choices of ~300 tokens: 4 x 300 x 65,536 logits, over the 2^26 grouping bound.
+    let long = "the quick brown fox jumps over the lazy dog and ".repeat(30);
+    let row = serde_json::json!({
+        "context": "Once upon a time",
+        "choices": [long.clone(), long.clone(), long.clone(), long],
+        "gold": 0,
+    });
+    let task = dir.path().join("long.jsonl");
+    std::fs::write(&task, format!("{row}\n")).expect("task");
+    let tok = repo_root().join("datasets/tokenizer.json");
+    let err = fails(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--tokenizer",
+            s(&tok),
+            "--task",
+            s(&task),
+        ],
+        &[("QWEN_BURN_MEMORY_LIMIT", "64MiB")],
+    ));
+    assert!(
+        err.contains("question 1") && err.contains("its choices x its longest choice"),
+        "{err}"
+    );
+}

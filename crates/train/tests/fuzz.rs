@@ -292,3 +292,55 @@ fn set_override_without_a_key() {
         );
     }
 }
+
+/// The keys whose value is one of a few names (an enum).
+const CHOICE_PATHS: &[&str] = &[
+    "data.kind",
+    "data.sampling",
+    "optimizer.kind",
+    "optimizer.muon.adjust_lr",
+    "schedule.decay",
+    "schedule.decay_shape",
+    "training.on_nonfinite",
+    "training.parallel",
+    "training.activation_checkpointing",
+    "lora.base_dtype",
+];
+
+/// A bool or a number where a named choice belongs is an error naming the key, its values (in
+/// backticks) and the type given, never serde's "unit variant" wording.
+#[test]
+fn named_choices_given_a_bool_or_number_name_their_values() {
+    let table: toml::Table = include_str!("../../../configs/finetune.toml")
+        .parse()
+        .unwrap();
+    let value = prop_oneof![
+        any::<bool>().prop_map(|b| (b.to_string(), "a boolean")),
+        any::<i64>().prop_map(|i| (i.to_string(), "an integer")),
+        (-1e9f64..1e9).prop_map(|f| (format!("{f:?}"), "a float")),
+    ];
+    let strategy = (prop::sample::select(CHOICE_PATHS.to_vec()), value);
+    let tally = Tally::default();
+    support::run(
+        "named choices given a bool or a number",
+        strategy,
+        &tally,
+        |(path, (value, given))| {
+            let mut t = table.clone();
+            let item = format!("{path}={value}");
+            let result = apply_overrides(&mut t, std::slice::from_ref(&item))
+                .and_then(|()| RunConfig::from_table(t));
+            tally.add(result.is_ok(), item.len(), 0);
+            let Err(e) = result else {
+                return Err(TestCaseError::fail(format!("`--set {item}` was accepted")));
+            };
+            let text = e.to_string();
+            prop_assert!(
+                text.contains(path) && text.contains("expected one of `") && text.contains(given),
+                "`--set {item}`: {text}"
+            );
+            prop_assert!(!text.contains("unit variant"), "`--set {item}`: {text}");
+            Ok(())
+        },
+    );
+}
