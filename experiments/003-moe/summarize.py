@@ -4,6 +4,21 @@ import json
 import os
 import sys
 
+
+def old_names(x):
+    """Records written after 2026-11-26 name the routings (moe_router, moe_capped) and say
+    idle_expert_fraction; this script reads the earlier names: `moe` was the selection the
+    experts trained on (the capped one under a capacity) and the uncapped figure sat in
+    moe_worst."""
+    if "moe" not in x and "moe_router" in x:
+        x["moe"] = x.get("moe_capped") or x["moe_router"]
+        if "moe_capped" in x:
+            x.setdefault("moe_worst", {})["uncapped_max_over_mean_load"] = max(
+                m["max_over_mean_load"] for m in x["moe_router"])
+    for m in x.get("moe", []):
+        m.setdefault("dead_expert_fraction", m.get("idle_expert_fraction", 0.0))
+    return x
+
 out = sys.argv[1]
 runs = sorted(os.listdir(out))
 imb, val = [], []
@@ -13,7 +28,7 @@ for r in runs:
     path = os.path.join(out, r, "metrics.jsonl")
     if not os.path.exists(path):
         continue
-    recs = [json.loads(l) for l in open(path)]
+    recs = [old_names(json.loads(l)) for l in open(path)]
     vals = [x for x in recs if x["split"] == "val"]
     trains = [x for x in recs if x["split"] == "train"]
     for x in vals:

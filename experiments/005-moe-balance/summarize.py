@@ -6,6 +6,21 @@ import json
 import os
 import sys
 
+
+def old_names(x):
+    """Records written after 2026-11-26 name the routings (moe_router, moe_capped) and say
+    idle_expert_fraction; this script reads the earlier names: `moe` was the selection the
+    experts trained on (the capped one under a capacity) and the uncapped figure sat in
+    moe_worst."""
+    if "moe" not in x and "moe_router" in x:
+        x["moe"] = x.get("moe_capped") or x["moe_router"]
+        if "moe_capped" in x:
+            x.setdefault("moe_worst", {})["uncapped_max_over_mean_load"] = max(
+                m["max_over_mean_load"] for m in x["moe_router"])
+    for m in x.get("moe", []):
+        m.setdefault("dead_expert_fraction", m.get("idle_expert_fraction", 0.0))
+    return x
+
 out = sys.argv[1]
 order = ["dense_active"] + [f"{k}_{c}" for k in ["hf", "per_layer", "sequence", "global_batch"]
                             for c in ["0.01", "0.1"]] + ["auxfree_1e-3"]
@@ -15,7 +30,7 @@ worst_rows, val_rows = [], []
 print("| run | val loss @150 | max/mean load per layer @150 | worst layer, max over steps 101-150 | dead experts @150 (per layer) | pooled max/mean @150 | aux loss @150 |")
 print("|---|---|---|---|---|---|---|")
 for r in runs:
-    recs = [json.loads(l) for l in open(os.path.join(out, r, "metrics.jsonl"))]
+    recs = [old_names(json.loads(l)) for l in open(os.path.join(out, r, "metrics.jsonl"))]
     vals = [x for x in recs if x["split"] == "val"]
     for x in vals:
         val_rows.append({"run": r, "step": x["step"], "loss": x["loss"]})

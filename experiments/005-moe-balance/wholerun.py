@@ -6,13 +6,28 @@ import json
 import os
 import sys
 
+
+def old_names(x):
+    """Records written after 2026-11-26 name the routings (moe_router, moe_capped) and say
+    idle_expert_fraction; this script reads the earlier names: `moe` was the selection the
+    experts trained on (the capped one under a capacity) and the uncapped figure sat in
+    moe_worst."""
+    if "moe" not in x and "moe_router" in x:
+        x["moe"] = x.get("moe_capped") or x["moe_router"]
+        if "moe_capped" in x:
+            x.setdefault("moe_worst", {})["uncapped_max_over_mean_load"] = max(
+                m["max_over_mean_load"] for m in x["moe_router"])
+    for m in x.get("moe", []):
+        m.setdefault("dead_expert_fraction", m.get("idle_expert_fraction", 0.0))
+    return x
+
 out = sys.argv[1]
 runs = sorted(r for r in os.listdir(out) if os.path.exists(os.path.join(out, r, "metrics.jsonl")))
 worst_rows, val_rows = [], []
 print("| run | seed | worst layer max/mean, steps >= 30 (max) | mean of the worst layer, steps >= 30 | steps >= 30 with a layer > 1.5 | steps >= 30 with an idle expert | uncapped router, worst at the last step | val loss @150 |")
 print("|---|---|---|---|---|---|---|---|")
 for r in runs:
-    recs = [json.loads(l) for l in open(os.path.join(out, r, "metrics.jsonl"))]
+    recs = [old_names(json.loads(l)) for l in open(os.path.join(out, r, "metrics.jsonl"))]
     name, seed = r.rsplit("_seed", 1)
     vals = [x for x in recs if x["split"] == "val"]
     for x in vals:
