@@ -283,22 +283,41 @@ pub fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
     }
 }
 
-/// Copy `generation_config.json` of an HF source model into the run directory, so that
-/// `generate` on the run uses the model's own stop tokens and sampling defaults.
+/// The files of an HF model directory besides its weights and `config.json` that HF tools read
+/// with it: the generation defaults, and the tokenizer's configuration (where Qwen3 keeps its
+/// chat template) and special-token files. A run copies them from an HF `model.from` (or from
+/// the run a checkpoint belongs to), and `export` ships them.
+pub const MODEL_SIDE_FILES: &[&str] = &[
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+];
+
+/// Copy [`MODEL_SIDE_FILES`] of an HF source model into the run directory (each through a
+/// temporary file), so that `generate` on the run uses the model's own stop tokens and
+/// sampling defaults and an export of the run keeps the chat template.
 pub fn copy_generation_config(config: &RunConfig, run_dir: &Path) -> Result<()> {
     let ModelSource::Pretrained(path) = &config.model else {
         return Ok(());
     };
-    let src = match resolve_model_dir(path)? {
-        ModelDir::Hf(dir) => dir.join("generation_config.json"),
+    let source = match resolve_model_dir(path)? {
+        ModelDir::Hf(dir) => dir,
         ModelDir::Checkpoint(dir) => match dir.parent().and_then(Path::parent) {
-            Some(run) => run.join("generation_config.json"),
+            Some(run) => run.to_path_buf(),
             None => return Ok(()),
         },
     };
-    if src.is_file() {
-        let dest = run_dir.join("generation_config.json");
-        std::fs::copy(&src, &dest).map_err(|e| TrainError::io("copy", &src, e))?;
+    for name in MODEL_SIDE_FILES {
+        let src = source.join(name);
+        if src.is_file() {
+            let dest = run_dir.join(name);
+            let tmp = run_dir.join(format!("{name}.tmp"));
+            std::fs::copy(&src, &tmp).map_err(|e| TrainError::io("copy", &src, e))?;
+            std::fs::rename(&tmp, &dest).map_err(|e| TrainError::io("rename", &dest, e))?;
+        }
     }
     Ok(())
 }

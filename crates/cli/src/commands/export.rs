@@ -88,9 +88,11 @@ pub fn run(args: Args) -> Result<()> {
         .save_pretrained(&args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
     remove_stale_shards(&args.out)?;
-    // Ship the tokenizer and the generation defaults with the model when we can find them
-    // (next to the checkpoint, or in its run directory).
-    for name in ["tokenizer.json", "generation_config.json"] {
+    // Ship the tokenizer, its configuration (the chat template) and special-token files, and
+    // the generation defaults with the model when we can find them (next to the checkpoint, or
+    // in its run directory).
+    let side = qwen_burn_train::resume::MODEL_SIDE_FILES;
+    for name in std::iter::once(&"tokenizer.json").chain(side) {
         if let Some(src) = find_beside(&args.checkpoint, name) {
             let dest = args.out.join(name);
             if same_entry(&src, &dest) {
