@@ -7,29 +7,6 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-/// The step-0 weights of the tiny dense config as an HF directory (no training needed).
-fn tiny_hf(tmp: &Path, extra: &[&str]) -> PathBuf {
-    let config = tiny_config(tmp, false, 3, 3, "");
-    let out = tmp.join("hf");
-    let mut args = vec!["init", "--config", s(&config), "--out", s(&out)];
-    for e in extra {
-        args.extend(["--set", e]);
-    }
-    ok(&qwen_burn(&args, &[]));
-    out
-}
-
-fn fails(out: &std::process::Output) -> String {
-    assert!(
-        !out.status.success(),
-        "expected a failure, got success:\n{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let err = stderr(out);
-    assert!(!err.contains("panicked"), "a panic, not an error:\n{err}");
-    err
-}
-
 #[test]
 fn export_onto_its_own_source_is_refused_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();

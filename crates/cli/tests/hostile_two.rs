@@ -1,38 +1,18 @@
-//! Hostile input, round two, through the binary: zero and absurd sizes, and wrong types for
-//! named choices. Each case used to do nothing, print NaN, silently become 1, or answer with
-//! serde's wording; each now gets an error naming the flag or key and what it takes.
+//! Hostile input, round two, through the binary: outputs onto inputs, refusals that leave
+//! nothing, memory bounds of the scoring forwards, signals, zero sizes, wrong types for named
+//! choices, non-UTF-8 paths and corrupt Parquet. Each case used to lose a file, panic, allocate
+//! without bound, or silently do something else than asked; each now gets a clear error naming
+//! the flag, key or file (or the documented behaviour).
 
 mod common;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
-
-/// The step-0 weights of the tiny dense config as an HF directory (no training needed).
-fn tiny_hf(tmp: &Path) -> PathBuf {
-    let config = tiny_config(tmp, false, 3, 3, "");
-    let out = tmp.join("hf");
-    ok(&qwen_burn(
-        &["init", "--config", s(&config), "--out", s(&out)],
-        &[],
-    ));
-    out
-}
-
-fn fails(out: &std::process::Output) -> String {
-    assert!(
-        !out.status.success(),
-        "expected a failure, got success:\n{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let err = stderr(out);
-    assert!(!err.contains("panicked"), "a panic, not an error:\n{err}");
-    err
-}
 
 #[test]
 fn zero_sizes_are_refused_naming_the_flag() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path());
+    let hf = tiny_hf(dir.path(), &[]);
     let task = repo_root().join("datasets/tasks/austen_cloze.jsonl");
     let text = repo_root().join("datasets/shakespeare/sonnets_gut.txt.gz");
     let model = ["--model", s(&hf)];
@@ -128,7 +108,7 @@ fn a_bool_or_number_for_a_named_choice_names_the_key_and_its_values() {
 #[test]
 fn eval_records_never_overwrite_an_input_and_are_checked_before_the_work() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path());
+    let hf = tiny_hf(dir.path(), &[]);
     let task = dir.path().join("task.jsonl");
     std::fs::copy(repo_root().join("datasets/tasks/austen_cloze.jsonl"), &task).expect("copy");
     let before = std::fs::read(&task).expect("task");
@@ -334,13 +314,8 @@ fn sigterm_ends_a_batch_run_with_a_checkpoint_and_code_143() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = tiny_config(dir.path(), false, 100_000, 100_000, "");
     let run = dir.path().join("run");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_qwen-burn"))
+    let child = qwen_burn_command()
         .args(["train", "--config", s(&config), "--run-dir", s(&run)])
-        .current_dir(repo_root())
-        .env(
-            "QWEN_BURN_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
-        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -402,7 +377,7 @@ fn sigterm_ends_a_batch_run_with_a_checkpoint_and_code_143() {
 #[test]
 fn a_corrupt_parquet_task_is_one_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path());
+    let hf = tiny_hf(dir.path(), &[]);
     let task = dir.path().join("task.parquet");
     std::fs::copy(
         repo_root().join("crates/data/tests/fixtures/parquet/fuzz_bit_util_panic.parquet"),
@@ -438,13 +413,8 @@ fn a_branch_from_a_non_utf8_path_runs() {
     let config = tiny_config(dir.path(), false, 2, 2, "");
     let parent = dir.path().join(OsStr::from_bytes(b"parent-\xff"));
     let run = |args: &[&OsStr]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_qwen-burn"))
+        qwen_burn_command()
             .args(args)
-            .current_dir(repo_root())
-            .env(
-                "QWEN_BURN_CACHE_DIR",
-                Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
-            )
             .output()
             .expect("qwen-burn runs")
     };
@@ -504,7 +474,7 @@ fn two_eval_tasks_of_one_name_are_refused() {
 #[test]
 fn score_refuses_what_it_would_ignore() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path());
+    let hf = tiny_hf(dir.path(), &[]);
     let rows = dir.path().join("rows.json");
     for extra in [
         r#""attention_mask": [[1, 1, 1, 0]]"#,
@@ -534,7 +504,7 @@ fn score_refuses_what_it_would_ignore() {
 #[test]
 fn forwards_that_cannot_fit_are_refused_naming_the_options() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path());
+    let hf = tiny_hf(dir.path(), &[]);
     let tok = repo_root().join("datasets/tokenizer.json");
     let text = repo_root().join("datasets/shakespeare/sonnets_gut.txt.gz");
     let limit = [("QWEN_BURN_MEMORY_LIMIT", "64MiB")];

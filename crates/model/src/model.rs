@@ -4,13 +4,13 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear};
 use burn::tensor::{Bool, DType, Device, Int, Tensor};
 
-use crate::block::DecoderLayer;
+use crate::block::{DecoderLayer, FeedForward};
 use crate::config::Qwen3Config;
 use crate::documents::{DocumentMask, Documents};
 use crate::kv_cache::KvCache;
 use crate::loss::cross_entropy_sum;
 use crate::mlp::linear;
-use crate::moe::{RouterOutput, Routing};
+use crate::moe::{RouterOutput, Routing, SparseMoe};
 use crate::projection::{project, widened};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{RopeTables, rope_frequencies};
@@ -301,6 +301,25 @@ impl Qwen3ForCausalLM {
             None,
             inputs.training,
         )
+    }
+
+    /// The MoE blocks, in layer order (the order of a forward's router outputs).
+    pub fn sparse_layers(&self) -> impl Iterator<Item = &SparseMoe> {
+        self.model.layers.iter().filter_map(|l| match &l.mlp {
+            FeedForward::Sparse(moe) => Some(moe),
+            FeedForward::Dense(_) => None,
+        })
+    }
+
+    /// [`Self::sparse_layers`], mutably.
+    pub fn sparse_layers_mut(&mut self) -> impl Iterator<Item = &mut SparseMoe> {
+        self.model
+            .layers
+            .iter_mut()
+            .filter_map(|l| match &mut l.mlp {
+                FeedForward::Sparse(moe) => Some(moe),
+                FeedForward::Dense(_) => None,
+            })
     }
 
     /// The final RMSNorm, after the last layer.

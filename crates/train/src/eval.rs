@@ -4,7 +4,6 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{Batch, Tok};
-use qwen_burn_model::block::FeedForward;
 use qwen_burn_model::loss::{shift_targets, targets_tensor, token_nll};
 use qwen_burn_model::moe::SparseMoe;
 use qwen_burn_model::{Qwen3ForCausalLM, SamplingConfig, generate};
@@ -54,15 +53,7 @@ pub fn evaluate(
     let mut count = 0;
     let mut bytes = 0;
     let (mut changed, mut choices) = (0, 0);
-    let sparse: Vec<&SparseMoe> = model
-        .model
-        .layers
-        .iter()
-        .filter_map(|l| match &l.mlp {
-            FeedForward::Sparse(moe) => Some(moe),
-            FeedForward::Dense(_) => None,
-        })
-        .collect();
+    let sparse: Vec<&SparseMoe> = model.sparse_layers().collect();
     for batch in batches {
         let (ce_sum, routers, _) = forward_ce_sum(model, batch, device)?;
         for (moe, router) in sparse.iter().zip(&routers) {

@@ -9,7 +9,6 @@ use burn::optim::{
 use burn::tensor::{Device, Tensor, TensorData};
 use qwen_burn_kernels::{AdamWStep, adamw_update};
 use qwen_burn_model::Qwen3ForCausalLM;
-use qwen_burn_model::block::FeedForward;
 
 use crate::config::{OptimizerConfig, OptimizerKind};
 use crate::error::{Result, TrainError};
@@ -259,15 +258,7 @@ pub fn center_routers(mut model: Qwen3ForCausalLM, sums: &[(Vec<f64>, usize)]) -
     if sums.is_empty() {
         return model;
     }
-    let moe_layers = model
-        .model
-        .layers
-        .iter_mut()
-        .filter_map(|l| match &mut l.mlp {
-            FeedForward::Sparse(moe) => Some(moe),
-            FeedForward::Dense(_) => None,
-        });
-    for (moe, (sum, n)) in moe_layers.zip(sums) {
+    for (moe, (sum, n)) in model.sparse_layers_mut().zip(sums) {
         let mean: Vec<f64> = sum.iter().map(|v| v / (*n).max(1) as f64).collect();
         moe.center_router(&mean);
     }
@@ -282,16 +273,7 @@ pub fn update_routing_biases(
     rate: f64,
 ) -> Qwen3ForCausalLM {
     let mut model = model;
-    let mut moe_layers = model
-        .model
-        .layers
-        .iter_mut()
-        .filter_map(|l| match &mut l.mlp {
-            FeedForward::Sparse(moe) => Some(moe),
-            FeedForward::Dense(_) => None,
-        });
-    for layer_counts in counts {
-        let Some(moe) = moe_layers.next() else { break };
+    for (moe, layer_counts) in model.sparse_layers_mut().zip(counts) {
         let Some(bias) = moe.routing_bias.take() else {
             continue;
         };
@@ -328,6 +310,7 @@ mod tests {
     use burn::module::Module;
     use burn::tensor::Device;
     use qwen_burn_model::Qwen3Config;
+    use qwen_burn_model::block::FeedForward;
     use serde_json::json;
 
     /// The fused AdamW update (taken on Flex) gives bit-identical parameters and moments to

@@ -73,13 +73,20 @@ interval = 1
     path
 }
 
-pub fn qwen_burn(args: &[&str], envs: &[(&str, &str)]) -> Output {
+/// The binary, run from the repository root with the tests' own peak cache (a peak measured
+/// beside parallel tests must not reach the user's).
+pub fn qwen_burn_command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_qwen-burn"));
-    // The tests' own peak cache: a peak measured beside parallel tests must not reach the user's.
-    cmd.args(args).current_dir(repo_root()).env(
+    cmd.current_dir(repo_root()).env(
         "QWEN_BURN_CACHE_DIR",
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen-burn-cache"),
     );
+    cmd
+}
+
+pub fn qwen_burn(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = qwen_burn_command();
+    cmd.args(args);
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -113,4 +120,29 @@ pub fn train_losses(run: &Path) -> Vec<(u64, f64)> {
 
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// The step-0 weights of the tiny dense config as an HF directory (no training needed), with
+/// `--set` overrides.
+pub fn tiny_hf(tmp: &Path, extra: &[&str]) -> PathBuf {
+    let config = tiny_config(tmp, false, 3, 3, "");
+    let out = tmp.join("hf");
+    let mut args = vec!["init", "--config", s(&config), "--out", s(&out)];
+    for e in extra {
+        args.extend(["--set", e]);
+    }
+    ok(&qwen_burn(&args, &[]));
+    out
+}
+
+/// A failed command's stderr, after checking that it failed and did not panic.
+pub fn fails(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected a failure, got success:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = stderr(out);
+    assert!(!err.contains("panicked"), "a panic, not an error:\n{err}");
+    err
 }
