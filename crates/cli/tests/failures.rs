@@ -181,7 +181,7 @@ fn diverge(lr: &str) {
         "{err}"
     );
     assert!(err.contains("last good checkpoint"), "{err}");
-    let latest = qwen_burn_train::checkpoint::latest_checkpoint(&run).expect("a checkpoint");
+    let latest = qwen_burn_train::run::checkpoint::latest_checkpoint(&run).expect("a checkpoint");
     let loss = score_loss(tmp.path(), &latest);
     assert!(
         loss.is_some_and(f64::is_finite),
@@ -209,7 +209,7 @@ fn a_non_finite_gradient_norm_stops_before_the_update_naming_the_parameter() {
             && err.contains("step-00000002"),
         "{err}"
     );
-    let latest = qwen_burn_train::checkpoint::latest_checkpoint(&run).unwrap();
+    let latest = qwen_burn_train::run::checkpoint::latest_checkpoint(&run).unwrap();
     assert!(latest.ends_with("step-00000002"), "{}", latest.display());
 
     // With on_nonfinite = "skip" the step's update is dropped and training goes on.
@@ -323,7 +323,7 @@ fn resume_with_changed_horizon_and_coefficients_prints_the_changes() {
     }
     assert_eq!(train_losses(&run).len(), 5);
     // The new coefficient is the one the resumed run saved.
-    let ckpt = qwen_burn_train::checkpoint::latest_checkpoint(&run).unwrap();
+    let ckpt = qwen_burn_train::run::checkpoint::latest_checkpoint(&run).unwrap();
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(ckpt.join("config.json")).unwrap()).unwrap();
     assert_eq!(saved["router_aux_loss_coef"], 0.02);

@@ -166,8 +166,8 @@ fn merged_export_matches_the_unmerged_adapter_model(run: &std::path::Path, hf: &
     use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor};
 
     let device = Device::flex();
-    let ckpt = qwen_burn_train::checkpoint::latest_checkpoint(run).unwrap();
-    let adapted = qwen_burn_train::checkpoint::load_checkpoint_model(&ckpt, &device).unwrap();
+    let ckpt = qwen_burn_train::run::checkpoint::latest_checkpoint(run).unwrap();
+    let adapted = qwen_burn_train::run::checkpoint::load_checkpoint_model(&ckpt, &device).unwrap();
     let merged = Qwen3ForCausalLM::from_pretrained(hf, &device).unwrap();
     // rank 4 on q_proj and v_proj of 2 layers: A [32, 4] and B [4, out] per projection.
     assert!(
@@ -210,7 +210,7 @@ fn full_finetune_from_a_checkpoint() {
         &["train", "--config", s(&base_cfg), "--run-dir", s(&base)],
         &[],
     ));
-    let ckpt = qwen_burn_train::checkpoint::latest_checkpoint(&base).unwrap();
+    let ckpt = qwen_burn_train::run::checkpoint::latest_checkpoint(&base).unwrap();
     let text = std::fs::read_to_string(&base_cfg).unwrap();
     // Replace the [model] table by `from = <checkpoint>`.
     let rest = &text[text.find("[data]").unwrap()..];

@@ -306,7 +306,7 @@ fn sigkill_between_checkpoints_resumes_exactly_and_the_run_dir_has_one_writer() 
         "step 4 was recorded before the kill"
     );
     assert_eq!(
-        qwen_burn_train::checkpoint::latest_checkpoint(&b)
+        qwen_burn_train::run::checkpoint::latest_checkpoint(&b)
             .unwrap()
             .file_name()
             .unwrap(),

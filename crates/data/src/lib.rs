@@ -18,6 +18,7 @@
 
 pub mod batch;
 pub mod chat;
+pub mod conversation;
 pub mod error;
 pub mod ingest;
 pub mod parquet_source;
@@ -30,9 +31,8 @@ pub mod template;
 pub mod tokenizer;
 
 pub use batch::{Batch, Cursor, IGNORE_INDEX, SampleMode};
-pub use chat::{
-    ChatOptions, Message, SftDataset, SftRow, SftSampler, SftStats, render_chat, tokenize_chat,
-};
+pub use chat::{ChatOptions, SftDataset, SftRow, SftSampler, SftStats, tokenize_chat};
+pub use conversation::{Message, render_chat};
 pub use error::{DataError, Result};
 pub use prefetch::{PrefetchStats, Prefetcher};
 pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 
-use crate::chat::Message;
+use crate::conversation::{Message, render_chat};
 use crate::error::{DataError, Result};
 use crate::tokenizer::{IM_END, IM_START, Tok};
 
@@ -116,7 +116,7 @@ impl ChatTemplate {
     /// assistant turn (what generation continues from).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let Some(env) = &self.env else {
-            let mut s = crate::chat::render_chat(messages);
+            let mut s = render_chat(messages);
             if add_generation_prompt {
                 s.push_str(IM_START);
                 s.push_str("assistant\n");

@@ -5,12 +5,11 @@
 //! ([`ingest::load`], which reads row group by row group through `ParquetDocuments`), and
 //! multiple-choice task files, JSONL and Parquet (`read_task`).
 //!
-//! Each parser runs 10,000 cases from mutated valid seeds (see `fuzz/support.rs`) and each case
+//! Each parser runs 10,000 cases from mutated valid seeds (see the `qwen-burn-fuzz` crate) and each case
 //! checks that the parser returns (no panic, no abort), that its peak allocation stays under
 //! `A * input_len + B`, and that an error names the file it read.
 
-#[path = "../../../fuzz/support.rs"]
-mod support;
+use qwen_burn_fuzz as support;
 
 use std::io::Write;
 use std::path::Path;

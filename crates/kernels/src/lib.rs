@@ -88,29 +88,40 @@ pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use swiglu::swiglu;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::cell::Cell;
+use std::sync::OnceLock;
 
-/// 0 = not read yet, 1 = on, 2 = off.
-static FUSED: AtomicU8 = AtomicU8::new(0);
-
-/// Whether the fused kernels run (default on). Off, every op here takes the composed Burn path
-/// it replaces. Set by `training.fused_kernels` for training and benchmarks, or by the
-/// environment (`QWEN_BURN_FUSED_KERNELS=0`) for any command; process-wide.
-pub fn fused_kernels() -> bool {
-    match FUSED.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let on = std::env::var("QWEN_BURN_FUSED_KERNELS").map_or(true, |v| v != "0");
-            FUSED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
-            on
-        }
-    }
+thread_local! {
+    /// The switch of the run on this thread, while [`with_fused_kernels`] holds one.
+    static FUSED_HERE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// Turn the fused kernels on or off for this process (see [`fused_kernels`]).
-pub fn set_fused_kernels(on: bool) {
-    FUSED.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+/// Whether the fused kernels run on this thread. Off, every op here takes the composed Burn path
+/// it replaces. A run (`training.fused_kernels`) or a benchmark sets it for its own thread with
+/// [`with_fused_kernels`]; elsewhere the environment decides for the process
+/// (`QWEN_BURN_FUSED_KERNELS=0` turns them off), default on.
+pub fn fused_kernels() -> bool {
+    FUSED_HERE.with(Cell::get).unwrap_or_else(|| {
+        static FROM_ENV: OnceLock<bool> = OnceLock::new();
+        *FROM_ENV
+            .get_or_init(|| std::env::var("QWEN_BURN_FUSED_KERNELS").map_or(true, |v| v != "0"))
+    })
+}
+
+/// Run `f` with the fused kernels on or off on this thread, then restore what was there: two
+/// runs in one process (tests, a sweep driver) each keep their own setting. A thread that `f`
+/// starts and that runs model code takes the setting with it ([`with_fused_kernels`] again, as
+/// the data-parallel replicas do). Work stolen by a waiting rayon worker runs nested inside this
+/// call and restores the setting before it returns, so the scopes stay well nested.
+pub fn with_fused_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FUSED_HERE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FUSED_HERE.with(|c| c.replace(Some(on))));
+    f()
 }
 pub use decode_attention::decode_attention;
 pub use matvec::row_matmul;

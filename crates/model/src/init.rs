@@ -100,3 +100,52 @@ pub fn init_weights_as(model: Qwen3ForCausalLM, seed: u64, matrices: DType) -> Q
         containers: Vec::new(),
     })
 }
+
+/// Draws the `a` factor of every LoRA adapter of a model.
+struct AdapterInitialiser {
+    seed: u64,
+    names: Vec<String>,
+    containers: Vec<String>,
+}
+
+impl ModuleMapper for AdapterInitialiser {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.names.push(name.to_string());
+        self.containers.push(container_type.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.names.pop();
+        self.containers.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let container = self.containers.last().map(String::as_str).unwrap_or("");
+        let leaf = self.names.last().map(String::as_str).unwrap_or("");
+        if container != "Struct:LoraAdapter" || leaf != "a" || D != 2 {
+            return param;
+        }
+        // Burn's LoRA draws `a: [d_in, rank]` from N(0, 1/rank) with the device's own RNG, unseeded
+        // on the CPU backends; the same law here, from the run's seed and the adapter's path.
+        let shape = param.lazy_shape();
+        let rank = shape.dims::<D>()[D - 1].max(1);
+        let key = format!("lora:{}", self.names.join("."));
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ fnv1a(&key));
+        let values = normal_samples(&mut rng, shape.num_elements(), 1.0 / rank as f64);
+        let device = param.lazy_device();
+        let tensor = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
+        let id = param.id;
+        param.transform_for_load(tensor, id)
+    }
+}
+
+/// Re-draw the `a` factor of every LoRA adapter of `model` from `seed`, as Burn's LoRA draws it
+/// (N(0, 1/rank); `b` stays zero), so that a LoRA run starts from the same adapters in every
+/// process and on every device.
+pub fn init_lora_adapters(model: Qwen3ForCausalLM, seed: u64) -> Qwen3ForCausalLM {
+    model.map(&mut AdapterInitialiser {
+        seed,
+        names: Vec::new(),
+        containers: Vec::new(),
+    })
+}

@@ -3,12 +3,11 @@
 //! ([`GenerationConfig::from_file`]) and safetensors headers ([`SafetensorsCheckpoint::open`]
 //! and [`SafetensorsCheckpoint::read_f32`], single files and sharded indexes).
 //!
-//! Each parser runs 10,000 cases from mutated valid seeds (see `fuzz/support.rs`) and each case
+//! Each parser runs 10,000 cases from mutated valid seeds (see the `qwen-burn-fuzz` crate) and each case
 //! checks that the parser returns (no panic, no abort), that its peak allocation stays under
 //! `A * input_len + B`, and that an error names the file it read (for `from_json`: a field).
 
-#[path = "../../../fuzz/support.rs"]
-mod support;
+use qwen_burn_fuzz as support;
 
 use std::collections::HashMap;
 use std::path::Path;

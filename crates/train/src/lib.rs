@@ -1,37 +1,28 @@
-//! Training for qwen-burn: run configs, the autodiff training loop (AdamW, warmup + cosine,
-//! global-norm clipping, gradient accumulation, MoE losses and balancing), metrics, step
-//! checkpoints with exact resume, fine-tuning (full or LoRA), plots and benchmarks.
+//! Training for qwen-burn: run configs, the training loop (AdamW or Muon, schedules,
+//! global-norm clipping, gradient accumulation, MoE losses and balancing), step checkpoints
+//! with exact resume, fine-tuning (full or LoRA), evaluation, metrics, plots and benchmarks.
 //!
-//! Files in reading order: [`config`], [`data`], [`schedule`], [`optim`], [`step`], [`trainer`], [`eval`],
-//! [`guard`], [`checkpoint`], [`resume`], [`lock`], [`metrics`], [`dashboard`], [`plot`].
+//! Rooms, in reading order:
+//! - [`config`]: the run config (TOML), checked before anything runs.
+//! - [`run`]: a run from start to last checkpoint: setup, the loop in phases, resume,
+//!   checkpoints, the lock, the NaN guard, signals, the data pipeline, the memory check.
+//! - [`objective`]: what a step differentiates ([`objective::Objective`]): next-token
+//!   cross-entropy so far.
+//! - [`step`]: one step's gradient, common to every objective: forward, router losses,
+//!   accumulation, activation checkpointing, replicas, the step's statistics.
+//! - [`optim`]: AdamW, Muon, clipping, the learning-rate schedules, the routing-bias move.
+//! - [`eval`]: validation, multiple-choice tasks, samples.
+//! - [`observe`]: records, progress, dashboard, plots, MFU and the peak, benchmarks.
 
-pub mod bench;
-pub mod checkpoint;
 pub mod config;
-pub mod dashboard;
-pub mod data;
 pub mod error;
 pub mod eval;
-pub mod guard;
-pub mod hooks;
-pub mod lock;
-pub mod memory;
-pub mod metrics;
-pub mod muon;
+pub mod objective;
+pub mod observe;
 pub mod optim;
-pub mod parallel;
-pub mod peak;
-pub mod plot;
-pub mod records;
-pub mod refused;
-pub mod resume;
-pub mod schedule;
-pub mod signals;
+pub mod run;
 pub mod step;
-pub mod step_stats;
-pub mod tasks;
-pub mod trainer;
 
 pub use config::RunConfig;
 pub use error::{Result, TrainError};
-pub use trainer::{RunOptions, RunSummary, train};
+pub use run::{RunOptions, RunSummary, train};

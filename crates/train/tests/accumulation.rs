@@ -9,7 +9,7 @@ use common::{lcg_batch, tiny_config, tiny_moe_config, worst_grad_diff};
 use qwen_burn_data::Batch;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::{BalanceLoss, Qwen3ForCausalLM};
-use qwen_burn_train::trainer::forward_backward;
+use qwen_burn_train::step::forward_backward;
 
 fn batch(rows: usize, t: usize, seed: u64) -> Batch {
     let mut batch = lcg_batch(rows, t, seed);

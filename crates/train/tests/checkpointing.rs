@@ -14,12 +14,12 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use common::{lcg_batch, tiny_config, tiny_moe_config};
 use qwen_burn_data::Batch;
-use qwen_burn_kernels::set_fused_kernels;
+use qwen_burn_kernels::with_fused_kernels;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
-use qwen_burn_train::checkpoint::apply_lora;
 use qwen_burn_train::config::{BaseDtype, LoraConfig, LoraTarget};
-use qwen_burn_train::step::{StepStats, forward_backward, set_activation_checkpointing};
+use qwen_burn_train::run::checkpoint::apply_lora;
+use qwen_burn_train::step::{Step, StepStats};
 use serde_json::json;
 
 /// The largest gradient difference over the parameters that have one in `a`, the largest
@@ -49,10 +49,10 @@ fn compare(
 }
 
 fn step(model: &Qwen3ForCausalLM, batches: &[Batch], on: bool) -> (GradientsParams, StepStats) {
-    set_activation_checkpointing(on);
-    let out = forward_backward(model, batches, &Device::flex().autodiff()).unwrap();
-    set_activation_checkpointing(false);
-    out
+    Step::next_token()
+        .with_checkpointing(on)
+        .run(model, batches, &Device::flex().autodiff())
+        .unwrap()
 }
 
 /// A MoE config with both router losses in the loss.
@@ -116,59 +116,59 @@ fn checkpointed_steps_equal_plain_steps() {
         ("moe lora", moe_with_z("hf"), Some(lora(BaseDtype::F32))),
     ];
     for fused in [true, false] {
-        set_fused_kernels(fused);
-        for (name, config, lora) in &cases {
-            let mut model = init_weights(Qwen3ForCausalLM::new(config, &device), 5);
-            if let Some(lora) = lora {
-                model = apply_lora(model, lora);
-            }
-            let (plain, a) = step(&model, &batches, false);
-            let (checkpointed, b) = step(&model, &batches, true);
-            let what = format!("{name}, fused={fused}");
-            assert!(
-                (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs(),
-                "{what}: loss {} vs {}",
-                a.loss,
-                b.loss
-            );
-            assert_eq!(a.aux_loss, b.aux_loss, "{what}: aux loss");
-            assert_eq!(a.expert_counts, b.expert_counts, "{what}: routing");
-            assert_eq!(
-                a.uncapped_counts, b.uncapped_counts,
-                "{what}: router's own choice"
-            );
-            assert_eq!(a.router_input_sums.len(), b.router_input_sums.len());
-            for ((sa, na), (sb, nb)) in a.router_input_sums.iter().zip(&b.router_input_sums) {
-                assert_eq!(na, nb, "{what}: router input tokens");
-                for (x, y) in sa.iter().zip(sb) {
+        with_fused_kernels(fused, || {
+            for (name, config, lora) in &cases {
+                let mut model = init_weights(Qwen3ForCausalLM::new(config, &device), 5);
+                if let Some(lora) = lora {
+                    model = apply_lora(model, lora);
+                }
+                let (plain, a) = step(&model, &batches, false);
+                let (checkpointed, b) = step(&model, &batches, true);
+                let what = format!("{name}, fused={fused}");
+                assert!(
+                    (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs(),
+                    "{what}: loss {} vs {}",
+                    a.loss,
+                    b.loss
+                );
+                assert_eq!(a.aux_loss, b.aux_loss, "{what}: aux loss");
+                assert_eq!(a.expert_counts, b.expert_counts, "{what}: routing");
+                assert_eq!(
+                    a.uncapped_counts, b.uncapped_counts,
+                    "{what}: router's own choice"
+                );
+                assert_eq!(a.router_input_sums.len(), b.router_input_sums.len());
+                for ((sa, na), (sb, nb)) in a.router_input_sums.iter().zip(&b.router_input_sums) {
+                    assert_eq!(na, nb, "{what}: router input tokens");
+                    for (x, y) in sa.iter().zip(sb) {
+                        assert!(
+                            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                            "{what}: router input sums {x} vs {y}"
+                        );
+                    }
+                }
+                if name.contains("capacity") {
+                    // The capacity acted (the test can tell the two routings apart).
+                    assert_ne!(a.expert_counts, a.uncapped_counts, "{what}: capacity idle");
+                    assert_eq!(
+                        a.router_input_sums.len(),
+                        2,
+                        "{what}: one sum per MoE layer"
+                    );
+                    let (x, y) = (a.assignment_loss.unwrap(), b.assignment_loss.unwrap());
                     assert!(
-                        (x - y).abs() <= 1e-5 * x.abs().max(1.0),
-                        "{what}: router input sums {x} vs {y}"
+                        (x - y).abs() <= 1e-6 * x.abs(),
+                        "{what}: assignment loss {x} vs {y}"
                     );
                 }
-            }
-            if name.contains("capacity") {
-                // The capacity acted (the test can tell the two routings apart).
-                assert_ne!(a.expert_counts, a.uncapped_counts, "{what}: capacity idle");
-                assert_eq!(
-                    a.router_input_sums.len(),
-                    2,
-                    "{what}: one sum per MoE layer"
-                );
-                let (x, y) = (a.assignment_loss.unwrap(), b.assignment_loss.unwrap());
+                let (diff, scale, count) = compare(&model, &plain, &checkpointed);
+                assert_eq!(count, plain.len(), "{what}: every gradient compared");
+                assert!(count > 0 && scale > 0.0, "{what}: nothing to compare");
                 assert!(
-                    (x - y).abs() <= 1e-6 * x.abs(),
-                    "{what}: assignment loss {x} vs {y}"
+                    diff <= 1e-6 * scale.max(1.0),
+                    "{what}: gradients differ by {diff} (largest {scale}) over {count} parameters"
                 );
             }
-            let (diff, scale, count) = compare(&model, &plain, &checkpointed);
-            assert_eq!(count, plain.len(), "{what}: every gradient compared");
-            assert!(count > 0 && scale > 0.0, "{what}: nothing to compare");
-            assert!(
-                diff <= 1e-6 * scale.max(1.0),
-                "{what}: gradients differ by {diff} (largest {scale}) over {count} parameters"
-            );
-        }
+        });
     }
-    set_fused_kernels(true);
 }

@@ -11,7 +11,7 @@ use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_train::config::OptimizerConfig;
 use qwen_burn_train::optim::{build_optimizer, clip_global_norm};
-use qwen_burn_train::trainer::forward_backward;
+use qwen_burn_train::step::forward_backward;
 
 /// Losses of three AdamW steps on `device`.
 fn losses(device: Device, moe: bool) -> Vec<f64> {

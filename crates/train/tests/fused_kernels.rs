@@ -7,7 +7,7 @@ mod common;
 
 use burn::tensor::Device;
 use common::{lcg_batch, tiny_config, worst_grad_diff};
-use qwen_burn_kernels::set_fused_kernels;
+use qwen_burn_kernels::with_fused_kernels;
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use qwen_burn_train::step::forward_backward;
@@ -23,11 +23,10 @@ fn the_switch_selects_the_composed_ops_and_both_agree() {
         let config = Qwen3Config::from_json(&config, false).unwrap();
         let model = init_weights(Qwen3ForCausalLM::new(&config, &device), 7);
         let batches = [lcg_batch(4, 16, 3)];
-        set_fused_kernels(true);
-        let (fused, a) = forward_backward(&model, &batches, &device).unwrap();
-        set_fused_kernels(false);
-        let (composed, b) = forward_backward(&model, &batches, &device).unwrap();
-        set_fused_kernels(true);
+        let (fused, a) =
+            with_fused_kernels(true, || forward_backward(&model, &batches, &device)).unwrap();
+        let (composed, b) =
+            with_fused_kernels(false, || forward_backward(&model, &batches, &device)).unwrap();
         let loss_diff = (a.loss - b.loss).abs();
         assert!(
             loss_diff <= 1e-5 * b.loss.abs(),

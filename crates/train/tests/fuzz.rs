@@ -1,13 +1,12 @@
 //! Fuzz tests of the run-config parsers: the TOML file ([`RunConfig::load`]), the parsed table
 //! ([`RunConfig::from_table`]) and `--set` overrides ([`apply_overrides`]).
 //!
-//! Each parser runs 10,000 cases from mutated shipped configs (see `fuzz/support.rs`) and each
+//! Each parser runs 10,000 cases from mutated shipped configs (see the `qwen-burn-fuzz` crate) and each
 //! case checks that the parser returns (no panic, no abort), that its peak allocation stays
 //! under `A * input_len + B`, and that an error names the file or a key (see [`names_key`]).
 //! What a parsed config means is not checked here: the config tests do that.
 
-#[path = "../../../fuzz/support.rs"]
-mod support;
+use qwen_burn_fuzz as support;
 
 use std::sync::Arc;
 

@@ -13,7 +13,7 @@ use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM};
 use qwen_burn_train::config::{
     AdjustLr, LoraConfig, LoraTarget, MuonSettings, OptimizerConfig, OptimizerKind,
 };
-use qwen_burn_train::muon::{TorchLayoutMuon, muon_param_ids};
+use qwen_burn_train::optim::muon::{TorchLayoutMuon, muon_param_ids};
 use serde_json::Value;
 
 /// Against torch with the iteration in f32: the same arithmetic in another order.
@@ -223,7 +223,7 @@ fn muon_trains_the_hidden_matrices_and_adamw_the_rest() {
     // AdamW, where Muon's equal-sized step on one or two directions diverged
     // (`experiments/007-optimizers`).
     for (rank, to_muon) in [(2, false), (8, true)] {
-        let lora = qwen_burn_train::checkpoint::apply_lora(
+        let lora = qwen_burn_train::run::checkpoint::apply_lora(
             Qwen3ForCausalLM::new(&config(DENSE), &device),
             &LoraConfig {
                 rank,

@@ -8,8 +8,8 @@ use common::{lcg_batch, tiny_config, tiny_moe_config, worst_grad_diff};
 use qwen_burn_data::Batch;
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_train::parallel::Replicas;
-use qwen_burn_train::trainer::forward_backward;
+use qwen_burn_train::step::replicas::Replicas;
+use qwen_burn_train::step::{Step, forward_backward};
 
 #[test]
 fn two_replicas_equal_one_device() {
@@ -20,7 +20,9 @@ fn two_replicas_equal_one_device() {
         let batches: Vec<Batch> = (0..4).map(|seed| lcg_batch(2, 12, seed)).collect();
         let (g_one, s_one) = forward_backward(&model, &batches, &device).unwrap();
         let replicas = Replicas::new(vec![device.clone(), device.clone()]);
-        let (g_two, s_two) = replicas.step(&model, &batches).unwrap();
+        let (g_two, s_two) = replicas
+            .step(&Step::next_token(), &model, &batches)
+            .unwrap();
         let (worst, count) = worst_grad_diff(&model, &g_one, &g_two);
         println!(
             "moe={moe}: {} grads, worst diff {:.2e}, loss {} vs {}",
@@ -44,7 +46,9 @@ fn global_batch_is_the_same_on_one_device_and_on_two_replicas() {
     let batches: Vec<Batch> = (0..4).map(|seed| lcg_batch(2, 12, seed)).collect();
     let (g_one, s_one) = forward_backward(&model, &batches, &device).unwrap();
     let replicas = Replicas::new(vec![device.clone(), device.clone()]);
-    let (g_two, s_two) = replicas.step(&model, &batches).unwrap();
+    let (g_two, s_two) = replicas
+        .step(&Step::next_token(), &model, &batches)
+        .unwrap();
     let (worst, count) = worst_grad_diff(&model, &g_one, &g_two);
     let (a1, a2) = (s_one.aux_loss.unwrap(), s_two.aux_loss.unwrap());
     println!("global_batch: {count} grads, worst diff {worst:.2e}, aux {a1} vs {a2}");
@@ -60,7 +64,7 @@ fn global_batch_is_the_same_on_one_device_and_on_two_replicas() {
 fn ddp_is_refused_off_cuda_and_auto_gathers() {
     use qwen_burn_model::DeviceSet;
     use qwen_burn_train::config::ParallelStrategy;
-    use qwen_burn_train::parallel::resolve_strategy;
+    use qwen_burn_train::step::replicas::resolve_strategy;
     let cpu = DeviceSet::parse("flex,flex").unwrap();
     assert_eq!(
         resolve_strategy(ParallelStrategy::Auto, &cpu).unwrap(),

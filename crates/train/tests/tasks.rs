@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::Device;
 use qwen_burn_data::{Tok, read_task};
 use qwen_burn_model::Qwen3ForCausalLM;
-use qwen_burn_train::tasks::{TaskOptions, choice_logliks, evaluate_task};
+use qwen_burn_train::eval::tasks::{TaskOptions, choice_logliks, evaluate_task};
 use serde_json::Value;
 
 /// Summed log-likelihood tolerance (f32 logits on both sides; sums of up to ~10 tokens).

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use qwen_burn_train::config::ModelSource;
 
 use super::ConfigArgs;
-use qwen_burn_train::data::DataPipeline;
+use qwen_burn_train::run::data::DataPipeline;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

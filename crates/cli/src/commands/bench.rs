@@ -6,8 +6,10 @@ use anyhow::{Context, Result, bail};
 use qwen_burn_model::init::init_weights;
 use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 use qwen_burn_train::RunConfig;
-use qwen_burn_train::bench::{bench_generate, bench_moe_layer, bench_peak_measure, bench_train};
 use qwen_burn_train::config::ModelSource;
+use qwen_burn_train::observe::bench::{
+    bench_generate, bench_moe_layer, bench_peak_measure, bench_train,
+};
 
 use super::WeightDtype;
 
@@ -160,7 +162,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
                     };
                     init_weights(Qwen3ForCausalLM::new(c, &dev), 0)
                 }
-                (None, Some(dir)) => qwen_burn_train::checkpoint::load_model_any(&dir, &dev)?,
+                (None, Some(dir)) => qwen_burn_train::run::checkpoint::load_model_any(&dir, &dev)?,
                 (None, None) => bail!("give --config FILE or --model DIR"),
             };
             let model = dtype.apply(model);

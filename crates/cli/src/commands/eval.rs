@@ -5,8 +5,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use qwen_burn_train::eval::windowed_loss;
-use qwen_burn_train::tasks::{TaskOptions, evaluate_task};
+use qwen_burn_train::eval::tasks::{TaskOptions, evaluate_task};
+use qwen_burn_train::eval::validation::windowed_loss;
 
 use super::{ModelArgs, find_tokenizer};
 
@@ -33,7 +33,7 @@ pub struct Args {
     pub seed: u64,
     /// With --task: questions whose prompts run in one forward pass (their choices in a second);
     /// lower it to use less memory.
-    #[arg(long, default_value_t = qwen_burn_train::tasks::DEFAULT_BATCH, requires = "task", value_parser = super::positive)]
+    #[arg(long, default_value_t = qwen_burn_train::eval::tasks::DEFAULT_BATCH, requires = "task", value_parser = super::positive)]
     pub batch_questions: usize,
     /// With --task: print the metrics as one JSON object (default: a line of text).
     #[arg(long, requires = "task")]

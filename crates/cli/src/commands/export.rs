@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use qwen_burn_train::checkpoint::{ModelDir, find_beside, resolve_model_dir};
+use qwen_burn_train::run::checkpoint::{ModelDir, find_beside, resolve_model_dir};
 
 use super::outputs::{check_model_out, copy_atomic, remove_stale_shards, same_entry};
 
@@ -78,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     check_model_out(&args.out, args.overwrite)?;
     let device = burn::tensor::Device::flex();
-    let mut model = qwen_burn_train::checkpoint::load_model_any(&args.checkpoint, &device)
+    let mut model = qwen_burn_train::run::checkpoint::load_model_any(&args.checkpoint, &device)
         .with_context(|| format!("loading {}", args.checkpoint.display()))?;
     if args.drop_routing_bias {
         model = model.without_routing_bias();
@@ -91,7 +91,7 @@ pub fn run(args: Args) -> Result<()> {
     // Ship the tokenizer, its configuration (the chat template) and special-token files, and
     // the generation defaults with the model when we can find them (next to the checkpoint, or
     // in its run directory).
-    let side = qwen_burn_train::resume::MODEL_SIDE_FILES;
+    let side = qwen_burn_train::run::start::MODEL_SIDE_FILES;
     for name in std::iter::once(&"tokenizer.json").chain(side) {
         if let Some(src) = find_beside(&args.checkpoint, name) {
             let dest = args.out.join(name);

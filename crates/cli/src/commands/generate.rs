@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use qwen_burn_data::{ChatTemplate, Message, Tok};
 use qwen_burn_model::{GenerationConfig, ModelError, SamplingConfig, SamplingDefaults, generate};
-use qwen_burn_train::checkpoint::find_beside;
+use qwen_burn_train::run::checkpoint::find_beside;
 use serde_json::json;
 
 use super::{ModelArgs, find_tokenizer};

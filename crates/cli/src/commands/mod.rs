@@ -21,7 +21,7 @@ use burn::tensor::Device;
 use qwen_burn_data::Tok;
 use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 use qwen_burn_train::RunConfig;
-use qwen_burn_train::checkpoint::{find_beside, load_model_any};
+use qwen_burn_train::run::checkpoint::{find_beside, load_model_any};
 
 /// A run config and its overrides, as every command that reads one takes them.
 #[derive(clap::Args, Debug)]
@@ -123,7 +123,7 @@ pub fn require_finite(model: &Qwen3ForCausalLM, value: f64, what: &str) -> Resul
     if value.is_finite() {
         return Ok(());
     }
-    match qwen_burn_train::guard::first_non_finite_weight(model)? {
+    match qwen_burn_train::run::guard::first_non_finite_weight(model)? {
         Some(param) => bail!(
             "the {what} is {value}: the model's weights are not finite (first in parameter \
              {param})"

@@ -34,7 +34,7 @@ pub fn run(args: Args) -> Result<()> {
         let (Some(x), Some(y), Some(out)) = (&args.x, &args.y, &args.out) else {
             anyhow::bail!("--table needs --x FIELD, --y FIELD and --out FILE.png");
         };
-        qwen_burn_train::plot::plot_table(
+        qwen_burn_train::observe::plot::plot_table(
             table,
             x,
             y,
@@ -51,7 +51,7 @@ pub fn run(args: Args) -> Result<()> {
         (None, [one]) => one.join("plots"),
         (None, _) => anyhow::bail!("several runs: give --out DIR"),
     };
-    for path in qwen_burn_train::plot::plot_runs(&args.runs, &out)? {
+    for path in qwen_burn_train::observe::plot::plot_runs(&args.runs, &out)? {
         println!("wrote {}", path.display());
     }
     Ok(())

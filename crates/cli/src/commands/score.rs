@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_model::loss::{cross_entropy_sum, shift_targets, targets_tensor};
-use qwen_burn_train::step::{assemble_loss, own_fractions};
+use qwen_burn_train::step::{add_router_losses, own_fractions};
 use serde_json::json;
 
 use super::ModelArgs;
@@ -121,17 +121,17 @@ pub fn score_rows(
     };
     let n = b * (t - 1);
     let fractions = own_fractions(&model.config, &out.routers, None);
-    let parts = assemble_loss(
+    let ce_sum = cross_entropy_sum(out.logits.clone(), targets);
+    let parts = add_router_losses(
         &model.config,
-        cross_entropy_sum(out.logits.clone(), targets),
+        ce_sum.clone() / n as f64,
         &out.routers,
         b,
         None,
-        n as f64,
         1.0,
         fractions.as_deref(),
     );
-    let lm_loss = f64::from(parts.ce_sum.into_scalar::<f32>()) / n as f64;
+    let lm_loss = f64::from(ce_sum.into_scalar::<f32>()) / n as f64;
     let loss = f64::from(parts.loss.into_scalar::<f32>());
     let mut result =
         json!({"loss": loss, "lm_loss": lm_loss, "perplexity": lm_loss.exp(), "num_tokens": n});
@@ -167,12 +167,12 @@ pub fn run(args: Args) -> Result<()> {
             .chunks_exact(t)
             .flat_map(|row| row[1..].iter().copied())
             .collect();
-        qwen_burn_train::eval::target_bytes(&targets, &tok.token_bytes())
+        qwen_burn_train::eval::validation::target_bytes(&targets, &tok.token_bytes())
     });
     let mut result = score_rows(&model, ids, b, t, &device, args.dump_logits)?;
     if let (Some(bytes), Some(lm_loss)) = (target_bytes, result["lm_loss"].as_f64()) {
         let sum = lm_loss * (b * (t - 1)) as f64;
-        if let Some(bpb) = qwen_burn_train::eval::bits_per_byte(sum, bytes) {
+        if let Some(bpb) = qwen_burn_train::eval::validation::bits_per_byte(sum, bytes) {
             result["bpb"] = json!(bpb);
         }
     }

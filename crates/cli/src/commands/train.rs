@@ -49,7 +49,7 @@ pub fn run(args: Args) -> Result<()> {
     let config = args.config.load(&overrides)?;
     let run_dir = args
         .run_dir
-        .unwrap_or_else(|| qwen_burn_train::trainer::default_run_dir(&args.config.config));
+        .unwrap_or_else(|| qwen_burn_train::run::default_run_dir(&args.config.config));
     let opts = qwen_burn_train::RunOptions {
         device: args.device,
         run_dir: run_dir.clone(),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-use super::rope_json::{RopeDict, rope_dict};
+use super::rope_json::{RopeDict, rope_dict, rope_of};
 use super::{BalanceLoss, ModelType, MoeConfig, Qwen3Config};
 use crate::error::{ModelError, Result};
 
@@ -235,7 +235,12 @@ impl HfConfig {
         let head_dim = self
             .head_dim
             .unwrap_or_else(|| hidden_size.checked_div(num_attention_heads).unwrap_or(0));
-        let (rope_theta, rope_scaling) = self.rope(strict)?;
+        let (rope_theta, rope_scaling) = rope_of(
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+            self.rope_theta,
+            strict,
+        )?;
         let moe = match model_type {
             ModelType::Qwen3 => None,
             ModelType::Qwen3Moe => Some(self.moe(strict)?),

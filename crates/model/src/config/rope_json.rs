@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::RopeScaling;
-use super::hf::HfConfig;
 use crate::error::{ModelError, Result};
 
 /// A RoPE dict: 4.x `rope_scaling` (`type` or `rope_type`) or 5.x `rope_parameters` (which also
@@ -45,69 +44,68 @@ pub(crate) struct RopeDict {
     pub(super) extra: BTreeMap<String, Value>,
 }
 
-impl HfConfig {
-    /// `(rope_theta, scaling)` from either spelling; 5.x `rope_parameters` wins.
-    pub(super) fn rope(&self, strict: bool) -> Result<(f64, RopeScaling)> {
-        let (field, dict) = match (&self.rope_parameters, &self.rope_scaling) {
-            (Some(p), _) => ("rope_parameters", p),
-            (None, Some(s)) => ("rope_scaling", s),
-            (None, None) => return Ok((self.rope_theta.unwrap_or(10000.0), RopeScaling::Default)),
-        };
-        if strict && let Some(key) = dict.extra.keys().next() {
+/// `(rope_theta, scaling)` of a `config.json` from either spelling (its `rope_parameters`,
+/// `rope_scaling` and `rope_theta` keys); 5.x `rope_parameters` wins.
+pub(super) fn rope_of(
+    rope_parameters: Option<&RopeDict>,
+    rope_scaling: Option<&RopeDict>,
+    rope_theta: Option<f64>,
+    strict: bool,
+) -> Result<(f64, RopeScaling)> {
+    let (field, dict) = match (rope_parameters, rope_scaling) {
+        (Some(p), _) => ("rope_parameters", p),
+        (None, Some(s)) => ("rope_scaling", s),
+        (None, None) => return Ok((rope_theta.unwrap_or(10000.0), RopeScaling::Default)),
+    };
+    if strict && let Some(key) = dict.extra.keys().next() {
+        return Err(ModelError::invalid(
+            format!("{field}.{key}"),
+            format!("unknown key `{key}`"),
+        ));
+    }
+    let theta = dict.rope_theta.or(rope_theta).unwrap_or(10000.0);
+    let rope_type = dict
+        .rope_type
+        .as_deref()
+        .or(dict.legacy_type.as_deref())
+        .unwrap_or("default");
+    let factor = || {
+        dict.factor.ok_or_else(|| {
+            ModelError::invalid(field, format!("rope_type `{rope_type}` needs `factor`"))
+        })
+    };
+    let scaling = match rope_type {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        "dynamic" => RopeScaling::Dynamic { factor: factor()? },
+        "yarn" => RopeScaling::Yarn {
+            factor: factor()?,
+            original_max_position_embeddings: dict.original_max_position_embeddings,
+            attention_factor: dict.attention_factor,
+            beta_fast: dict.beta_fast.unwrap_or(32.0),
+            beta_slow: dict.beta_slow.unwrap_or(1.0),
+            mscale: dict.mscale,
+            mscale_all_dim: dict.mscale_all_dim,
+            truncate: dict.truncate.unwrap_or(true),
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: factor()?,
+            low_freq_factor: dict.low_freq_factor.unwrap_or(1.0),
+            high_freq_factor: dict.high_freq_factor.unwrap_or(4.0),
+            original_max_position_embeddings: dict.original_max_position_embeddings.ok_or_else(
+                || ModelError::invalid(field, "llama3 needs `original_max_position_embeddings`"),
+            )?,
+        },
+        other => {
             return Err(ModelError::invalid(
-                format!("{field}.{key}"),
-                format!("unknown key `{key}`"),
+                "rope_type",
+                format!(
+                    "unknown rope_type `{other}` (expected one of default, linear, dynamic, yarn, llama3)"
+                ),
             ));
         }
-        let theta = dict.rope_theta.or(self.rope_theta).unwrap_or(10000.0);
-        let rope_type = dict
-            .rope_type
-            .as_deref()
-            .or(dict.legacy_type.as_deref())
-            .unwrap_or("default");
-        let factor = || {
-            dict.factor.ok_or_else(|| {
-                ModelError::invalid(field, format!("rope_type `{rope_type}` needs `factor`"))
-            })
-        };
-        let scaling = match rope_type {
-            "default" => RopeScaling::Default,
-            "linear" => RopeScaling::Linear { factor: factor()? },
-            "dynamic" => RopeScaling::Dynamic { factor: factor()? },
-            "yarn" => RopeScaling::Yarn {
-                factor: factor()?,
-                original_max_position_embeddings: dict.original_max_position_embeddings,
-                attention_factor: dict.attention_factor,
-                beta_fast: dict.beta_fast.unwrap_or(32.0),
-                beta_slow: dict.beta_slow.unwrap_or(1.0),
-                mscale: dict.mscale,
-                mscale_all_dim: dict.mscale_all_dim,
-                truncate: dict.truncate.unwrap_or(true),
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: factor()?,
-                low_freq_factor: dict.low_freq_factor.unwrap_or(1.0),
-                high_freq_factor: dict.high_freq_factor.unwrap_or(4.0),
-                original_max_position_embeddings: dict
-                    .original_max_position_embeddings
-                    .ok_or_else(|| {
-                        ModelError::invalid(
-                            field,
-                            "llama3 needs `original_max_position_embeddings`",
-                        )
-                    })?,
-            },
-            other => {
-                return Err(ModelError::invalid(
-                    "rope_type",
-                    format!(
-                        "unknown rope_type `{other}` (expected one of default, linear, dynamic, yarn, llama3)"
-                    ),
-                ));
-            }
-        };
-        Ok((theta, scaling))
-    }
+    };
+    Ok((theta, scaling))
 }
 
 /// The 4.x `rope_scaling` dict of a scaling (`None` for plain RoPE, written as `null`).

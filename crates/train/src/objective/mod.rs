@@ -1,0 +1,76 @@
+//! Training objectives: what a step differentiates, given the model's final hidden states.
+//!
+//! An objective is one type behind [`Objective`]: which data it trains on, how many units of a
+//! micro-batch its loss averages over, and how it turns one micro-batch's forward into its loss
+//! and its figures. Everything else of a step is common to all objectives and lives in
+//! [`crate::step`]: the forward through the decoder (with or without activation checkpointing),
+//! the MoE router losses, gradient accumulation over micro-batches, the replicas and the
+//! step's statistics; and above it [`crate::run`]: the loop, checkpoints, resume and the guard.
+//!
+//! - [`NextToken`]: next-token cross-entropy, over the target tokens of plain text or of SFT
+//!   rows (whose masked prompt tokens have target -1).
+
+mod next_token;
+
+use burn::tensor::{Device, Tensor};
+use qwen_burn_data::Batch;
+use qwen_burn_model::Qwen3ForCausalLM;
+
+use crate::config::DataKind;
+use crate::error::Result;
+
+pub use next_token::{NextToken, count_targets, forward_ce_sum};
+
+/// A training objective (see the module docs).
+pub trait Objective: Send + Sync {
+    /// Its name, as the progress line and the records give it.
+    fn name(&self) -> &'static str;
+
+    /// The `data.kind`s it trains on; a run refuses the others before its first step.
+    fn data_kinds(&self) -> &'static [DataKind];
+
+    /// How many units of `batch` the step's loss averages over (next-token: target tokens). The
+    /// step divides every micro-batch's loss by the units of the whole step, so `k`
+    /// micro-batches, or `n` replicas, give the gradient of one batch that holds them all.
+    fn units(&self, batch: &Batch) -> usize;
+
+    /// The loss of one micro-batch, from the model's final hidden states `hidden` (`[b, t,
+    /// hidden_size]`, after the final norm): `loss` is what the step differentiates, already
+    /// divided by `step_units`, the units of the whole step.
+    fn loss(
+        &self,
+        model: &Qwen3ForCausalLM,
+        hidden: Tensor<3>,
+        batch: &Batch,
+        device: &Device,
+        step_units: f64,
+    ) -> Result<ObjectiveLoss>;
+}
+
+/// One micro-batch's loss under an objective.
+pub struct ObjectiveLoss {
+    /// What to differentiate: the micro-batch's share of the step's loss.
+    pub loss: Tensor<1>,
+    /// The same loss summed over the micro-batch's units, undivided: the step's logged loss is
+    /// the sum of these over its micro-batches divided by its units.
+    pub sum: Tensor<1>,
+    /// Further figures of the micro-batch, each a sum and the count it is averaged over (the
+    /// step logs `sum of sums / sum of counts`).
+    pub figures: Vec<Figure>,
+}
+
+/// A figure an objective records beside its loss (see [`ObjectiveLoss::figures`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// Its key in `metrics.jsonl`'s `figures`.
+    pub name: &'static str,
+    /// Summed over the units it covers.
+    pub sum: f64,
+    /// How many units that is.
+    pub count: f64,
+}
+
+/// The objective of a run (next-token cross-entropy for every data kind so far).
+pub fn of_run(_config: &crate::config::RunConfig) -> Box<dyn Objective> {
+    Box::new(NextToken)
+}
