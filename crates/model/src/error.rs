@@ -120,6 +120,15 @@ pub enum ModelError {
     #[error("{0}")]
     InvalidInput(String),
 
+    /// A hub id that is neither cached nor downloadable.
+    #[error("model `{id}`: {reason}")]
+    Hub {
+        /// `ORG/NAME@REV`.
+        id: String,
+        /// What was tried, and the command that fetches it.
+        reason: String,
+    },
+
     /// The model holds state HF transformers cannot represent.
     #[error("cannot export: {0}")]
     Export(String),

@@ -17,6 +17,7 @@ pub mod documents;
 pub mod error;
 pub mod generate;
 pub mod generation_config;
+pub mod hub;
 pub mod init;
 pub mod kv_cache;
 pub mod loss;

@@ -46,8 +46,9 @@ impl ConfigArgs {
 /// Arguments shared by every command that loads a model.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
-    /// HF model directory (config.json + safetensors) or a qwen-burn checkpoint directory.
-    #[arg(long)]
+    /// HF model directory (config.json + safetensors), a hub id found in the Hugging Face cache
+    /// (`Qwen/Qwen3-0.6B`, `Qwen/Qwen3-0.6B@REV`), or a qwen-burn checkpoint or run directory.
+    #[arg(long, value_parser = model_path)]
     pub model: PathBuf,
     /// Device: flex (default), ndarray, wgpu, cuda[:N].
     #[arg(long, default_value = "flex")]
@@ -99,6 +100,11 @@ impl ModelArgs {
             .with_context(|| format!("loading model from {}", self.model.display()))?;
         Ok((self.dtype.apply(model), device))
     }
+}
+
+/// `--model`: a path, or a hub id resolved to its snapshot in the Hugging Face cache.
+fn model_path(s: &str) -> std::result::Result<PathBuf, String> {
+    qwen_burn_model::hub::resolve(Path::new(s)).map_err(|e| e.to_string())
 }
 
 /// Find a tokenizer: the flag, else `tokenizer.json` next to the model (or in its run

@@ -331,8 +331,10 @@ impl ModelDir {
 }
 
 /// Resolve a model path: a checkpoint directory, a run directory (its newest checkpoint), or an
-/// HF model directory, in that order.
+/// HF model directory, in that order; a hub id (`Qwen/Qwen3-0.6B[@rev]`) that names no path is
+/// its snapshot in the Hugging Face cache ([`qwen_burn_model::hub`]).
 pub fn resolve_model_dir(path: &Path) -> Result<ModelDir> {
+    let path = &qwen_burn_model::hub::resolve(path)?;
     if path.join("state.json").is_file() {
         Ok(ModelDir::Checkpoint(path.to_path_buf()))
     } else if let Some(latest) = latest_checkpoint(path) {

@@ -55,6 +55,10 @@ pub fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
         ModelSource::Scratch(c) => Ok((**c).clone()),
         ModelSource::Pretrained(path) => match resolve_model_dir(path) {
             Ok(dir) => Ok(Qwen3Config::from_file(&dir.config_path())?),
+            // A hub id that is not cached: where it looked, and the download command.
+            Err(TrainError::Model(e @ qwen_burn_model::ModelError::Hub { .. })) => {
+                Err(TrainError::config("model.from", e.to_string()))
+            }
             Err(_) => Err(TrainError::config(
                 "model.from",
                 format!(
