@@ -74,3 +74,183 @@ fn exports_keep_the_chat_template_and_special_token_files() {
         );
     }
 }
+
+/// Above `--max-shard-size` an export is sharded as transformers' `save_pretrained` shards
+/// (`model-0000i-of-0000n.safetensors` and an index with `total_size`); the sharded and the
+/// single-file export score a text alike; re-exporting over either form leaves no file of the
+/// other that a loader would read instead.
+#[test]
+fn exports_shard_above_the_threshold_and_replace_each_other_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf(dir.path(), &[]);
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        hf.join("tokenizer.json"),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let export = |size: &str, overwrite: bool| {
+        let mut args = vec!["export", "--checkpoint", s(&hf), "--out", s(&out)];
+        args.extend(["--max-shard-size", size]);
+        if overwrite {
+            args.push("--overwrite");
+        }
+        ok(&qwen_burn(&args, &[]));
+    };
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "It is a truth universally acknowledged, that a single man in",
+    )
+    .unwrap();
+    let score = || {
+        ok(&qwen_burn(
+            &[
+                "eval",
+                "--model",
+                s(&out),
+                "--text",
+                s(&text),
+                "--context",
+                "8",
+                "--json",
+            ],
+            &[],
+        ))
+    };
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("safetensors"))
+            .collect();
+        v.sort();
+        v
+    };
+
+    export("5GB", false);
+    assert_eq!(names(), ["model.safetensors"]);
+    let single = score();
+
+    // The tiny model: a 1 MB embedding (a shard of its own, over the limit) and 41 KB of layers.
+    export("20KB", true);
+    let files = names();
+    let shards: Vec<_> = files.iter().filter(|n| n.starts_with("model-")).collect();
+    assert!(shards.len() >= 3, "{files:?}");
+    let n = shards.len();
+    assert!(
+        shards[0].ends_with(&format!("-of-{n:05}.safetensors")),
+        "{files:?}"
+    );
+    assert!(
+        !files.contains(&"model.safetensors".to_string()),
+        "{files:?}"
+    );
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
+    let total: u64 = shards
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(out.join(f)).unwrap();
+            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+            bytes.len() as u64 - 8 - header
+        })
+        .sum();
+    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(total));
+    for shard in index["weight_map"].as_object().unwrap().values() {
+        assert!(out.join(shard.as_str().unwrap()).is_file());
+    }
+    assert_eq!(
+        score(),
+        single,
+        "sharded and single-file exports score alike"
+    );
+
+    export("5GB", true);
+    assert_eq!(
+        names(),
+        ["model.safetensors"],
+        "the shards and index are gone"
+    );
+    assert_eq!(score(), single);
+    let err = fails(&qwen_burn(
+        &[
+            "export",
+            "--checkpoint",
+            s(&hf),
+            "--out",
+            s(&out),
+            "--overwrite",
+            "--max-shard-size",
+            "5TB",
+        ],
+        &[],
+    ));
+    assert!(
+        err.contains("--max-shard-size") && err.contains("unknown unit"),
+        "{err}"
+    );
+}
+
+/// The chat template an export renders is the source's, whether the source keeps it in
+/// `tokenizer_config.json` (the hub's Qwen3) or in `chat_template.jinja` (transformers 4.43 and
+/// later): `generate --chat` builds the same prompt from the export as from the source, and
+/// another one than the built-in ChatML.
+#[test]
+fn an_export_renders_the_sources_chat_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf(dir.path(), &[]);
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        hf.join("tokenizer.json"),
+    )
+    .unwrap();
+    let prompt = |model: &std::path::Path| -> serde_json::Value {
+        let out = ok(&qwen_burn(
+            &[
+                "generate",
+                "--model",
+                s(model),
+                "--chat",
+                "hi",
+                "--max-new-tokens",
+                "1",
+                "--temperature",
+                "0",
+                "--json",
+            ],
+            &[],
+        ));
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["prompt_ids"].clone()
+    };
+    let chatml = prompt(&hf);
+    let template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+    for (i, in_config) in [true, false].into_iter().enumerate() {
+        let config = match in_config {
+            true => serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>"}),
+            false => serde_json::json!({"eos_token": "<|im_end|>"}),
+        };
+        std::fs::write(hf.join("tokenizer_config.json"), config.to_string()).unwrap();
+        let jinja = hf.join("chat_template.jinja");
+        if in_config {
+            let _ = std::fs::remove_file(&jinja);
+        } else {
+            std::fs::write(&jinja, template).unwrap();
+        }
+        let out = dir.path().join(format!("exported-{i}"));
+        ok(&qwen_burn(
+            &["export", "--checkpoint", s(&hf), "--out", s(&out)],
+            &[],
+        ));
+        assert_eq!(out.join("chat_template.jinja").is_file(), !in_config);
+        let source = prompt(&hf);
+        assert_ne!(source, chatml, "the source's template is used, not ChatML");
+        assert_eq!(
+            prompt(&out),
+            source,
+            "template in tokenizer_config: {in_config}"
+        );
+    }
+}

@@ -53,7 +53,16 @@ fn hub_ids_resolve_in_the_cache_for_generate_eval_and_train() {
     .unwrap();
     let score = |model: &str| {
         ok(&qwen_burn(
-            &["eval", "--model", model, "--text", s(&text), "--context", "8", "--json"],
+            &[
+                "eval",
+                "--model",
+                model,
+                "--text",
+                s(&text),
+                "--context",
+                "8",
+                "--json",
+            ],
             &env,
         ))
     };

@@ -64,7 +64,8 @@ impl ChatTemplate {
     }
 
     /// Read the template of an HF `tokenizer_config.json` (`chat_template` as a string, or a
-    /// list of named templates, of which `default` is used).
+    /// list of named templates, of which `default` is used), or of the `chat_template.jinja`
+    /// beside it when the config has none.
     pub fn from_tokenizer_config(path: &Path) -> Result<Option<Self>> {
         let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
         let bad = |message: String| DataError::ChatTemplate {
@@ -74,7 +75,14 @@ impl ChatTemplate {
         let config: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let source = match config.get("chat_template") {
-            None | Some(serde_json::Value::Null) => return Ok(None),
+            // transformers 4.43 and later save the template beside, in `chat_template.jinja`.
+            None | Some(serde_json::Value::Null) => {
+                let jinja = path.with_file_name("chat_template.jinja");
+                if !jinja.is_file() {
+                    return Ok(None);
+                }
+                std::fs::read_to_string(&jinja).map_err(|e| DataError::io(&jinja, e))?
+            }
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(named)) => named
                 .iter()

@@ -15,6 +15,7 @@ pub mod config;
 pub mod device;
 pub mod documents;
 pub mod error;
+pub mod export;
 pub mod generate;
 pub mod generation_config;
 pub mod hub;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
 use crate::config::Qwen3Config;
 use crate::error::{ModelError, Result};
@@ -35,7 +35,7 @@ fn is_plain_file_name(name: &str) -> bool {
 }
 
 /// Parameters that exist in our model but never in HF checkpoints.
-fn is_ours_only(key: &str) -> bool {
+pub(crate) fn is_ours_only(key: &str) -> bool {
     key.ends_with(".routing_bias")
 }
 
@@ -355,53 +355,11 @@ impl Qwen3ForCausalLM {
         }
     }
 
-    /// Write `config.json` and `model.safetensors` that HF transformers loads with the same
-    /// logits. Files are written to temporary names and renamed, so a crash never leaves a
-    /// half-written checkpoint under the final name.
-    pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|e| ModelError::io("create directory", dir, e))?;
-        let mut tensors = self.hf_state_dict()?;
-        if let Some((key, _, _)) = tensors
-            .iter()
-            .find(|(k, _, values)| is_ours_only(k) && values.iter().any(|v| *v != 0.0))
-        {
-            return Err(ModelError::Export(format!(
-                "`{key}` (aux-loss-free routing bias) is non-zero and HF Qwen3-MoE has no such \
-                 parameter, so transformers would route differently; export with the bias \
-                 dropped only if that is acceptable"
-            )));
-        }
-        tensors.retain(|(k, _, _)| !is_ours_only(k));
-        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-            .into_iter()
-            .map(|(k, shape, values)| {
-                (
-                    k,
-                    shape,
-                    values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                )
-            })
-            .collect();
-        let views = bytes
-            .iter()
-            .map(|(k, shape, data)| {
-                TensorView::new(Dtype::F32, shape.clone(), data)
-                    .map(|v| (k.clone(), v))
-                    .map_err(|e| ModelError::Export(format!("tensor `{k}`: {e}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let final_path = dir.join("model.safetensors");
-        let tmp = dir.join("model.safetensors.tmp");
-        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            ModelError::Safetensors {
-                path: tmp.clone(),
-                reason: e.to_string(),
-            }
-        })?;
-        std::fs::rename(&tmp, &final_path).map_err(|e| ModelError::io("rename", &final_path, e))?;
-        self.config.save(dir)
+    /// Write `config.json` and the safetensors that HF transformers loads with the same
+    /// logits, sharded as `save_pretrained` shards above [`crate::export::DEFAULT_MAX_SHARD_BYTES`]
+    /// (see [`crate::export`]).
+    pub fn save_pretrained(&self, dir: &Path) -> Result<Vec<String>> {
+        crate::export::save_pretrained(self, dir, crate::export::DEFAULT_MAX_SHARD_BYTES)
     }
 
     /// Drop the routing bias values (aux-loss-free balancing) so the model can be exported.

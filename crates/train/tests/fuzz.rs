@@ -94,6 +94,7 @@ const KEYS: &[&str] = &[
     "interval",
     "keep_last",
     "peak_tflops",
+    "tensorboard",
     "rank",
     "alpha",
     "targets",

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use qwen_burn_train::run::checkpoint::{ModelDir, find_beside, resolve_model_dir};
 
-use super::outputs::{check_model_out, copy_atomic, remove_stale_shards, same_entry};
+use super::outputs::{
+    check_model_out, copy_atomic, remove_stale_weights, same_entry, weight_files,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -23,6 +25,31 @@ pub struct Args {
     /// run directory is never replaced.
     #[arg(long)]
     pub overwrite: bool,
+    /// Largest safetensors shard, as transformers' `max_shard_size` (`5GB`, `500MB`, `100KB` or
+    /// bytes; decimal units): a larger model is written in shards with an index.
+    #[arg(long, default_value = "5GB", value_parser = shard_size)]
+    pub max_shard_size: u64,
+}
+
+/// `--max-shard-size`: bytes, or a number with KB, MB or GB (powers of 1000, as transformers).
+fn shard_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let scale = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return Err(format!("unknown unit `{unit}`: expected B, KB, MB or GB")),
+    };
+    match digits.trim().parse::<u64>() {
+        Ok(0) => Err("must be above 0".into()),
+        Ok(n) => n.checked_mul(scale).ok_or_else(|| "too large".into()),
+        Err(e) => Err(format!("`{digits}`: {e}")),
+    }
 }
 
 /// What dropping the routing bias changes, as the run measured it on its validation tokens
@@ -84,10 +111,10 @@ pub fn run(args: Args) -> Result<()> {
         model = model.without_routing_bias();
         println!("{}", bias_report(&args.checkpoint, source_dir));
     }
-    model
-        .save_pretrained(&args.out)
+    let before = weight_files(&args.out);
+    let written = qwen_burn_model::export::save_pretrained(&model, &args.out, args.max_shard_size)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    remove_stale_shards(&args.out)?;
+    remove_stale_weights(&args.out, &before, &written)?;
     // Ship the tokenizer, its configuration (the chat template) and special-token files, and
     // the generation defaults with the model when we can find them (next to the checkpoint, or
     // in its run directory).

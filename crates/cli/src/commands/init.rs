@@ -38,8 +38,9 @@ pub fn run(args: Args) -> Result<()> {
         Qwen3ForCausalLM::new(model_config, &device),
         config.training.seed,
     );
-    model.save_pretrained(&args.out)?;
-    super::outputs::remove_stale_shards(&args.out)?;
+    let before = super::outputs::weight_files(&args.out);
+    let written = model.save_pretrained(&args.out)?;
+    super::outputs::remove_stale_weights(&args.out, &before, &written)?;
     println!(
         "wrote the step-0 weights of {} to {}",
         args.config.config.display(),

@@ -61,41 +61,47 @@ pub fn check_model_out(out: &Path, overwrite: bool) -> Result<()> {
     }
 }
 
-/// After a single-file model (`model.safetensors`) is written into `dir`: remove a sharded
-/// index and the shards it lists, left by an earlier model there, which loaders would read
-/// instead of the new file (qwen-burn prefers the index; transformers the single file).
-pub fn remove_stale_shards(dir: &Path) -> Result<()> {
-    let index = dir.join("model.safetensors.index.json");
-    if !index.is_file() {
-        return Ok(());
+/// The weight files of the model in `dir`, if any: `model.safetensors`, and a sharded index
+/// with the shards it lists (plain names ending in `.safetensors` only).
+pub fn weight_files(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = Vec::new();
+    if dir.join("model.safetensors").is_file() {
+        files.push("model.safetensors".into());
     }
-    let text =
-        std::fs::read_to_string(&index).with_context(|| format!("reading {}", index.display()))?;
-    let shards: Vec<String> = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v.get("weight_map")?.as_object().cloned())
-        .map(|map| {
-            let mut files: Vec<String> = map
-                .values()
-                .filter_map(|f| f.as_str().map(str::to_string))
-                .collect();
-            files.sort();
-            files.dedup();
-            files
-        })
-        .unwrap_or_default();
-    // Remove the index first: a directory with shards but no index reads as the new model.
-    std::fs::remove_file(&index).with_context(|| format!("removing {}", index.display()))?;
-    for name in shards {
-        let plain = Path::new(&name)
-            .file_name()
-            .is_some_and(|f| f == name.as_str());
-        if plain && name.ends_with(".safetensors") && name != "model.safetensors" {
-            let path = dir.join(&name);
-            if path.is_file() {
-                std::fs::remove_file(&path)
-                    .with_context(|| format!("removing {}", path.display()))?;
-            }
+    let index = dir.join("model.safetensors.index.json");
+    if let Ok(text) = std::fs::read_to_string(&index) {
+        files.push("model.safetensors.index.json".into());
+        if let Some(map) = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("weight_map")?.as_object().cloned())
+        {
+            files.extend(
+                map.values()
+                    .filter_map(|f| f.as_str())
+                    .filter(|name| {
+                        Path::new(name).file_name().is_some_and(|f| f == *name)
+                            && name.ends_with(".safetensors")
+                    })
+                    .map(str::to_string),
+            );
+        }
+    }
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// After a model's weights (`written`) went into `dir`: remove the weight files of the model
+/// that was there before (`before`, from [`weight_files`]) that the new one does not use, which
+/// loaders would otherwise read (qwen-burn prefers an index; transformers the single file). An
+/// old index goes first: shards without an index read as no model.
+pub fn remove_stale_weights(dir: &Path, before: &[String], written: &[String]) -> Result<()> {
+    let mut stale: Vec<&String> = before.iter().filter(|f| !written.contains(f)).collect();
+    stale.sort_by_key(|f| !f.ends_with(".index.json"));
+    for name in stale {
+        let path = dir.join(name);
+        if path.is_file() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
         }
     }
     Ok(())

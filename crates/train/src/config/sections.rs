@@ -409,6 +409,9 @@ pub struct LoggingConfig {
     /// to that device kind only; other kinds use the peak measured by `qwen-burn bench peak`
     /// (cached per machine), else the backend's assumed figure.
     pub peak_tflops: PeakTflops,
+    /// Also write every scalar of `metrics.jsonl` as TensorBoard event files in
+    /// `RUN/tensorboard/` (`tensorboard --logdir runs`).
+    pub tensorboard: bool,
 }
 
 /// `logging.peak_tflops`: a peak per device kind (TFLOP/s of one device).
@@ -449,6 +452,7 @@ impl Default for LoggingConfig {
             interval: 10,
             dashboard: false,
             peak_tflops: PeakTflops::default(),
+            tensorboard: false,
         }
     }
 }

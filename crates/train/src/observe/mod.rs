@@ -16,3 +16,4 @@ pub mod peak;
 pub mod plot;
 pub mod progress;
 pub mod records;
+pub mod tensorboard;

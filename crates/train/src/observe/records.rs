@@ -159,6 +159,15 @@ pub enum MetricsRecord {
 }
 
 impl MetricsRecord {
+    /// Where the record's scalars go in TensorBoard: `train`, `val`, or `task/<name>`.
+    pub fn tag_prefix(&self) -> String {
+        match self {
+            MetricsRecord::Train(_) => "train".into(),
+            MetricsRecord::Val(_) => "val".into(),
+            MetricsRecord::Task(r) => format!("task/{}", r.task),
+        }
+    }
+
     /// The step of the record.
     pub fn step(&self) -> usize {
         match self {

@@ -14,6 +14,7 @@ use super::lock::RunLock;
 use crate::config::{EvalConfig, RunConfig};
 use crate::eval::tasks::{DEFAULT_BATCH, TaskOptions};
 use crate::observe::log::MetricsLog;
+use crate::observe::tensorboard::EventWriter;
 use crate::step::{Replicas, Step};
 
 /// Where the loop starts: the model, its optimizer and the training state.
@@ -39,6 +40,8 @@ pub(super) struct Loop<'a> {
     pub(super) tasks: Vec<McTask>,
     /// The memory estimate, for the header.
     pub(super) memory_line: String,
+    /// TensorBoard's event file (`logging.tensorboard`).
+    pub(super) tensorboard: Option<EventWriter>,
     /// Held until the run ends: one writer per run directory.
     pub(super) _lock: RunLock,
 }

@@ -17,6 +17,7 @@ use crate::error::{Result, TrainError};
 use crate::eval::tasks::check_task;
 use crate::objective::Objective;
 use crate::observe::log::MetricsLog;
+use crate::observe::tensorboard::EventWriter;
 use crate::optim::muon::MIN_MUON_ADAPTER_RANK;
 use crate::step::{Replicas, Step};
 
@@ -109,6 +110,10 @@ pub(super) fn prepare<'a>(
         token_bytes,
         tasks,
         memory_line,
+        tensorboard: match config.logging.tensorboard {
+            true => Some(EventWriter::create(run_dir)?),
+            false => None,
+        },
         _lock: lock,
     };
     Ok((run, (model, optimizer, state)))

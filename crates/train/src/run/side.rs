@@ -19,6 +19,18 @@ use crate::observe::progress::Progress;
 use crate::observe::records::{MetricsRecord, SampleRecord, TaskRecord, ValRecord, read_records};
 
 impl Loop<'_> {
+    /// One record to `metrics.jsonl`, TensorBoard (when on) and the progress display.
+    pub(super) fn log(&mut self, record: &MetricsRecord, progress: &Progress) -> Result<()> {
+        self.metrics.write(record)?;
+        if let Some(tb) = &mut self.tensorboard {
+            let json =
+                serde_json::to_value(record).map_err(|e| TrainError::Other(e.to_string()))?;
+            tb.write(&record.tag_prefix(), record.step(), &json)?;
+        }
+        progress.record(record);
+        Ok(())
+    }
+
     /// Progress lines, or the dashboard when `logging.dashboard` asks for it and stdout is a
     /// terminal (its lines then go to `RUN/train.log`).
     pub(super) fn progress(&self, max_steps: usize, step: usize) -> Result<Progress> {
@@ -99,8 +111,7 @@ impl Loop<'_> {
             bpb: v.bpb,
             moe_bias_changed_choices: v.bias_changed_choices,
         });
-        self.metrics.write(&record)?;
-        progress.record(&record);
+        self.log(&record, progress)?;
         let mut bpb = v
             .bpb
             .map_or(String::new(), |b| format!(" | val bpb {b:.4}"));
@@ -131,15 +142,17 @@ impl Loop<'_> {
         let Some(tok) = self.data.tokenizer() else {
             return Ok(());
         };
+        let mut records = Vec::with_capacity(self.tasks.len());
         for task in &self.tasks {
             let (r, _) = evaluate_task(&valid, tok, task, &opts, &device, |_| {})?;
             progress.line(&format!(
                 "step {step:>6} | {} acc {:.3} ± {:.3} | acc_norm {:.3} ± {:.3} ({} questions, chance {:.3})",
                 r.task, r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr, r.questions, r.chance
             ));
-            let record = MetricsRecord::Task(TaskRecord::new(step, &r));
-            self.metrics.write(&record)?;
-            progress.record(&record);
+            records.push(MetricsRecord::Task(TaskRecord::new(step, &r)));
+        }
+        for record in &records {
+            self.log(record, progress)?;
         }
         Ok(())
     }

@@ -73,11 +73,13 @@ pub fn model_config_of(config: &RunConfig) -> Result<Qwen3Config> {
 
 /// The files of an HF model directory besides its weights and `config.json` that HF tools read
 /// with it: the generation defaults, and the tokenizer's configuration (where Qwen3 keeps its
-/// chat template) and special-token files. A run copies them from an HF `model.from` (or from
+/// chat template; transformers 4.43 and later write it to `chat_template.jinja`) and
+/// special-token files. A run copies them from an HF `model.from` (or from
 /// the run a checkpoint belongs to), and `export` ships them.
 pub const MODEL_SIDE_FILES: &[&str] = &[
     "generation_config.json",
     "tokenizer_config.json",
+    "chat_template.jinja",
     "special_tokens_map.json",
     "added_tokens.json",
     "vocab.json",

@@ -275,8 +275,7 @@ impl Loop<'_> {
                 moe_pooled: stats.pooled_router_stats().filter(|_| moe),
                 moe_worst: worst,
             });
-            self.metrics.write(&record)?;
-            course.progress.record(&record);
+            self.log(&record, &course.progress)?;
             let mut line = format!(
                 "step {s:>6}/{max_steps} | loss {:.4} | lr {lr:.2e} | gnorm {:.3} | {tps:.0} tok/s | mfu {:.2}%",
                 stats.loss,
