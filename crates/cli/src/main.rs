@@ -47,9 +47,10 @@ mod commands;
 
 use commands::*;
 
-/// Train and run small Qwen3-style language models (dense and MoE) on Burn.
+/// Train, fine-tune, evaluate and run small Qwen3-style language models (dense and MoE) on
+/// Burn, on CPU or GPU. `qwen-burn config --defaults` lists every run-config key.
 #[derive(Parser, Debug)]
-#[command(name = "qwen-burn", version, about)]
+#[command(name = "qwen-burn", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -63,7 +64,7 @@ enum Command {
     Generate(generate::Args),
     /// Mean next-token loss of token rows given as JSON.
     Score(score::Args),
-    /// Perplexity of a text file.
+    /// Perplexity and bits per byte of a text, or a multiple-choice task's acc and acc_norm.
     Eval(eval::Args),
     /// Write a checkpoint (LoRA merged) as an HF model directory.
     Export(export::Args),
@@ -79,6 +80,8 @@ enum Command {
     Init(init::Args),
     /// Dump the training batches of a run config, in the order `train` consumes them.
     Batches(batches::Args),
+    /// The run-config reference: every key with its default and doc comment.
+    Config(config::Args),
     /// Benchmarks: training steps and generation speed.
     #[command(subcommand)]
     Bench(bench::Cmd),
@@ -105,5 +108,6 @@ fn main() -> Result<()> {
         Command::Bench(c) => bench::run(c),
         Command::Init(a) => init::run(a),
         Command::Batches(a) => batches::run(a),
+        Command::Config(a) => config::run(a),
     }
 }

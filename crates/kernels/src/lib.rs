@@ -101,11 +101,15 @@ thread_local! {
 /// [`with_fused_kernels`]; elsewhere the environment decides for the process
 /// (`QWEN_BURN_FUSED_KERNELS=0` turns them off), default on.
 pub fn fused_kernels() -> bool {
-    FUSED_HERE.with(Cell::get).unwrap_or_else(|| {
-        static FROM_ENV: OnceLock<bool> = OnceLock::new();
-        *FROM_ENV
-            .get_or_init(|| std::env::var("QWEN_BURN_FUSED_KERNELS").map_or(true, |v| v != "0"))
-    })
+    FUSED_HERE
+        .with(Cell::get)
+        .unwrap_or_else(fused_kernels_by_environment)
+}
+
+/// The process's default: off when `QWEN_BURN_FUSED_KERNELS=0`, else on.
+pub fn fused_kernels_by_environment() -> bool {
+    static FROM_ENV: OnceLock<bool> = OnceLock::new();
+    *FROM_ENV.get_or_init(|| std::env::var("QWEN_BURN_FUSED_KERNELS").map_or(true, |v| v != "0"))
 }
 
 /// Run `f` with the fused kernels on or off on this thread, then restore what was there: two

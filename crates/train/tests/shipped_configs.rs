@@ -16,7 +16,10 @@ fn shipped_configs_load() {
                 let path = entry.unwrap().path();
                 if path.is_dir() {
                     stack.push(path);
-                } else if path.extension().is_some_and(|e| e == "toml") {
+                } else if path.extension().is_some_and(|e| e == "toml")
+                    // The key reference (tested below), not a run config.
+                    && path.file_name().is_some_and(|n| n != "REFERENCE.toml")
+                {
                     files.push(path);
                 }
             }
@@ -28,4 +31,19 @@ fn shipped_configs_load() {
             panic!("{}: {e}", file.display());
         }
     }
+}
+
+/// `configs/REFERENCE.toml` is what `qwen-burn config --defaults` prints now, and it is TOML.
+#[test]
+fn the_config_reference_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/REFERENCE.toml");
+    let shipped = std::fs::read_to_string(&path).unwrap();
+    let now = qwen_burn_train::config::reference();
+    assert!(
+        shipped == now,
+        "configs/REFERENCE.toml is stale: regenerate it with `qwen-burn config --defaults > \
+         configs/REFERENCE.toml`"
+    );
+    let table: toml::Table = now.parse().expect("the reference is TOML");
+    assert!(table.contains_key("training") && table.contains_key("logging"));
 }

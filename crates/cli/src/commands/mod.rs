@@ -3,6 +3,7 @@
 
 pub mod batches;
 pub mod bench;
+pub mod config;
 pub mod data;
 pub mod eval;
 pub mod export;

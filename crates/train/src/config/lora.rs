@@ -53,11 +53,11 @@ impl LoraTarget {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LoraConfig {
-    /// Adapter rank.
+    /// Adapter rank. Required.
     pub rank: usize,
-    /// Scale numerator (delta = alpha / rank * A B).
+    /// Scale numerator (delta = alpha / rank * A B). Required.
     pub alpha: f64,
-    /// Projections to adapt.
+    /// Projections to adapt. Required.
     pub targets: Vec<LoraTarget>,
     /// Storage of the frozen matrices (projections, embedding, LM head): `"f32"` (default) or
     /// `"bf16"`, half the bytes. The products read bf16 and compute in f32; adapters, norms,

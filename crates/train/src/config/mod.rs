@@ -20,6 +20,8 @@ pub use lora::*;
 pub use sections::*;
 
 mod choices;
+mod reference;
+pub use reference::reference;
 mod toml_table;
 use toml_table::first_non_finite;
 pub use toml_table::{apply_overrides, toml_to_json};
@@ -134,6 +136,20 @@ fn section<T: DeserializeOwned + Default>(
 }
 
 impl RunConfig {
+    /// Whether the run uses the fused kernels: `training.fused_kernels` when the config sets
+    /// it, else the environment's default (`QWEN_BURN_FUSED_KERNELS=0` turns them off).
+    pub fn fused_kernels(&self) -> bool {
+        let set = self
+            .table
+            .get("training")
+            .and_then(|t| t.get("fused_kernels"))
+            .is_some();
+        match set {
+            true => self.training.fused_kernels,
+            false => qwen_burn_kernels::fused_kernels_by_environment(),
+        }
+    }
+
     /// Read a TOML run config and apply `--set` overrides.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io("read", path, e))?;

@@ -303,6 +303,7 @@ pub struct TrainingConfig {
     pub parallel: ParallelStrategy,
     /// Use the fused Flex kernels (`qwen_burn_kernels`); `false` runs the composed Burn
     /// ops they replace, for A/B runs and debugging. Other backends always run the composed ops.
+    /// Unset, `QWEN_BURN_FUSED_KERNELS=0` turns them off.
     pub fused_kernels: bool,
     /// `"layers"`: keep only each decoder layer's input from the forward and recompute the
     /// layer in the backward (less memory, one more forward of the stack per step); `"none"`

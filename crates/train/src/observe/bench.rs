@@ -106,7 +106,7 @@ pub fn bench_train(
         let start = Instant::now();
         let current = model;
         let (next, loss, update_secs) = in_pool(|| {
-            with_fused_kernels(t.fused_kernels, || -> Result<_> {
+            with_fused_kernels(config.fused_kernels(), || -> Result<_> {
                 let (mut grads, stats) = replicas.step(&step, &current, &batches)?;
                 clip_global_norm(&current, &mut grads, config.optimizer.grad_clip)?;
                 let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
@@ -157,7 +157,7 @@ pub fn bench_train(
         "achieved_tflops": tps * flops / 1e12,
         "peak_tflops": peak / 1e12,
         "peak_source": peak_source,
-        "fused_kernels": t.fused_kernels,
+        "fused_kernels": config.fused_kernels(),
         "mfu": tps * flops / peak,
         "peak_rss_mb": peak_rss_mb(),
         "memory_estimate": memory_line,

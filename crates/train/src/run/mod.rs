@@ -78,7 +78,7 @@ pub struct RunSummary {
 /// the same process keeps its own.
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     in_pool(|| {
-        with_fused_kernels(config.training.fused_kernels, || {
+        with_fused_kernels(config.fused_kernels(), || {
             let objective = crate::objective::of_run(config);
             let (run, start) = setup::prepare(config, opts, objective.as_ref())?;
             run.run(start)
