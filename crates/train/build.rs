@@ -39,15 +39,16 @@ fn config_keys(source: &str, out: &mut Vec<(String, String, String, String)>) {
             if t == "}" {
                 depth = 0;
                 section = None;
-            } else if let Some(field) = t.strip_prefix("pub ") {
-                if let Some((key, ty)) = field.trim_end_matches(',').split_once(": ") {
-                    out.push((
-                        section.clone().unwrap_or_default(),
-                        key.to_string(),
-                        ty.to_string(),
-                        doc.join(" "),
-                    ));
-                }
+            } else if let Some((key, ty)) = t
+                .strip_prefix("pub ")
+                .and_then(|field| field.trim_end_matches(',').split_once(": "))
+            {
+                out.push((
+                    section.clone().unwrap_or_default(),
+                    key.to_string(),
+                    ty.to_string(),
+                    doc.join(" "),
+                ));
             }
         }
         doc.clear();
