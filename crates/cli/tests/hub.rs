@@ -98,6 +98,13 @@ fn hub_ids_resolve_in_the_cache_for_generate_eval_and_train() {
         &text_config[..start],
         &text_config[end + 1..]
     );
+    // Without data.tokenizer: the model's own tokenizer.json, from the snapshot.
+    let from_hub: String = from_hub
+        .lines()
+        .filter(|l| !l.starts_with("tokenizer ="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!from_hub.contains("tokenizer ="));
     let hub_config = dir.path().join("from_hub.toml");
     std::fs::write(&hub_config, from_hub).unwrap();
     ok(&qwen_burn(
@@ -105,6 +112,10 @@ fn hub_ids_resolve_in_the_cache_for_generate_eval_and_train() {
         &env,
     ));
     assert!(run.join("checkpoints").is_dir());
+    assert_eq!(
+        std::fs::read(run.join("tokenizer.json")).unwrap(),
+        std::fs::read(hf.join("tokenizer.json")).unwrap()
+    );
 
     // Not cached: the error names the cache folder it looked in and the download command.
     let err = fails(&qwen_burn(

@@ -28,8 +28,10 @@ pub enum Cmd {
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
-        /// Fraction of each source's tokens (its tail) kept for validation.
-        #[arg(long, default_value_t = 0.05)]
+        /// Fraction of each source's tokens (its tail) kept for validation; the default is the
+        /// run config's (`data.val_fraction`), so a run with `data.cache_dir` pointing at these
+        /// shards uses them as they are.
+        #[arg(long, default_value_t = qwen_burn_train::config::DataConfig::default().val_fraction)]
         val_fraction: f64,
         /// Field holding the text in JSONL inputs, or the string column of Parquet inputs.
         #[arg(long, visible_alias = "text-column", default_value = "text")]

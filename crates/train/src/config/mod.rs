@@ -209,10 +209,15 @@ impl RunConfig {
                 ModelSource::Scratch(Box::new(config))
             }
         };
+        // With `model.from`, the tokenizer defaults to the model's own.
+        let data = match model {
+            ModelSource::Pretrained(_) => section(&table, "data", &["inputs"])?,
+            ModelSource::Scratch(_) => section(&table, "data", &["inputs", "tokenizer"])?,
+        };
         let config = Self {
             model_table,
             model,
-            data: section(&table, "data", &["inputs", "tokenizer"])?,
+            data,
             optimizer: section(&table, "optimizer", &["lr"])?,
             schedule: section(&table, "schedule", &[])?,
             training: section(&table, "training", &["batch_size", "seq_len", "max_steps"])?,

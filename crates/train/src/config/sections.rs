@@ -38,7 +38,8 @@ pub struct DataConfig {
     pub inputs: Vec<PathBuf>,
     /// Validation inputs for `sft` (text splits `val_fraction` off the corpus instead).
     pub val_inputs: Vec<PathBuf>,
-    /// HF tokenizer.json (or .json.gz). Required.
+    /// HF tokenizer.json (or .json.gz). Required, except with `model.from`: then the model's
+    /// own `tokenizer.json` (beside it, or in its run directory).
     pub tokenizer: PathBuf,
     /// Where prepared token shards go (default `.cache/shards/<hash of inputs and tokenizer>`).
     pub cache_dir: Option<PathBuf>,

@@ -11,7 +11,8 @@ use qwen_burn_data::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::config::{DataKind, RunConfig};
+use super::checkpoint::{ModelDir, find_beside, resolve_model_dir};
+use crate::config::{DataKind, ModelSource, RunConfig};
 use crate::error::{Result, TrainError};
 
 /// Training batches (prefetched) and validation batches of a run.
@@ -23,6 +24,29 @@ pub struct DataPipeline {
     /// Text runs with `data.document_mask`: the end-of-document id that splits rows into
     /// documents.
     separator: Option<u32>,
+}
+
+/// `tokenizer.json` of `model.from` (the default of `data.tokenizer` there).
+fn model_tokenizer(config: &RunConfig) -> Result<PathBuf> {
+    let ModelSource::Pretrained(from) = &config.model else {
+        return Err(TrainError::config(
+            "data.tokenizer",
+            "required key is missing",
+        ));
+    };
+    let dir = match resolve_model_dir(from)? {
+        ModelDir::Hf(dir) | ModelDir::Checkpoint(dir) => dir,
+    };
+    find_beside(&dir, "tokenizer.json").ok_or_else(|| {
+        TrainError::config(
+            "data.tokenizer",
+            format!(
+                "not given, and the model of model.from ({}) has no tokenizer.json beside it; \
+                 give data.tokenizer",
+                from.display()
+            ),
+        )
+    })
 }
 
 /// Default shard cache of a config: `.cache/shards/<hash>`, keyed by everything that changes
@@ -44,7 +68,11 @@ fn default_cache_dir(config: &RunConfig, tok: &Tok) -> PathBuf {
 impl DataPipeline {
     /// Open the data of `config`, positioned at `cursor` (the checkpoint's) if given.
     pub fn new(config: &RunConfig, cursor: Option<&Cursor>, vocab_size: usize) -> Result<Self> {
-        let d = &config.data;
+        let mut d = config.data.clone();
+        if d.tokenizer.as_os_str().is_empty() {
+            d.tokenizer = model_tokenizer(config)?;
+        }
+        let d = &d;
         let t = &config.training;
         let tok = Tok::from_file(&d.tokenizer)?;
         if tok.vocab_size() > vocab_size {
