@@ -265,7 +265,7 @@ pub fn load(src: &SourceFile, text_field: &str) -> Result<LoadedSource> {
 }
 
 /// The JSON type name used in messages.
-pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
+pub fn json_type(v: &serde_json::Value) -> &'static str {
     match v {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "a boolean",

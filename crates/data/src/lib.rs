@@ -22,6 +22,7 @@ pub mod conversation;
 pub mod error;
 pub mod ingest;
 pub mod parquet_source;
+pub mod preference;
 pub mod prefetch;
 pub mod prepare;
 pub mod sampler;
@@ -34,6 +35,9 @@ pub use batch::{Batch, Cursor, IGNORE_INDEX, SampleMode};
 pub use chat::{ChatOptions, SftDataset, SftRow, SftSampler, SftStats, tokenize_chat};
 pub use conversation::{Message, render_chat};
 pub use error::{DataError, Result};
+pub use preference::{
+    PreferenceData, PreferencePair, PreferenceStats, Sequence, Truncation, load_preferences,
+};
 pub use prefetch::{PrefetchStats, Prefetcher};
 pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};
 pub use sampler::{WindowSampler, eval_batches};

@@ -115,6 +115,11 @@ impl ChatTemplate {
         }))
     }
 
+    /// The `eos_token` of its `tokenizer_config.json`, if it names one.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
     /// Where the template came from.
     pub fn source(&self) -> &Path {
         &self.source
