@@ -132,12 +132,12 @@ fn bad_rows_are_errors_naming_the_line_and_field() {
 fn identical_pairs_are_counted_and_long_ones_cut_as_trl_cuts_them() {
     let dir = tempfile::tempdir().unwrap();
     let long = "x ".repeat(40);
-    let text = format!(
-        "{}\n{}\n{}\n",
-        r#"{"prompt": "a b", "chosen": " c", "rejected": " c"}"#,
+    let text = [
+        r#"{"prompt": "a b", "chosen": " c", "rejected": " c"}"#.to_string(),
         format!(r#"{{"prompt": "a", "chosen": " {long}", "rejected": " d"}}"#),
         format!(r#"{{"prompt": "{long}", "chosen": " c", "rejected": " d"}}"#),
-    );
+    ]
+    .join("\n");
     let data = load_text(dir.path(), &text).unwrap();
     assert_eq!(data.stats.identical, 1);
     assert_eq!(
