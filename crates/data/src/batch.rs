@@ -34,6 +34,10 @@ pub struct Batch {
     /// start (HF `position_ids` of packed rows; a row's trailing padding is a document of its
     /// own). Documents of a row then never see each other. `None`: one document per row.
     pub positions: Option<Vec<u32>>,
+    /// Preference batches: the index of each pair in its data; the first half of the rows are
+    /// the pairs' chosen sequences, the second half their rejected ones, in this order. `None`
+    /// for every other batch.
+    pub pairs: Option<Vec<u32>>,
 }
 
 impl Batch {

@@ -298,6 +298,7 @@ impl SftDataset {
             targets,
             attention_mask: Some(attn),
             positions: self.documents.then_some(positions),
+            pairs: None,
         }
     }
 }
@@ -369,10 +370,16 @@ impl SftSampler {
             dataset.len(),
             dataset.seq_len()
         );
+        dataset.batch(&self.next_rows())
+    }
+
+    /// The rows of the next batch (and the step counted), for datasets that build their own
+    /// batches from row indices (preference pairs).
+    pub fn next_rows(&mut self) -> Vec<usize> {
         let rows: Vec<usize> = (0..self.batch_size)
             .map(|_| self.order.next_item())
             .collect();
         self.step += 1;
-        dataset.batch(&rows)
+        rows
     }
 }

@@ -22,6 +22,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::batch::{Batch, IGNORE_INDEX};
 use crate::conversation::Message;
 use crate::error::{DataError, Result};
 use crate::ingest;
@@ -301,4 +302,51 @@ pub fn load_preferences(
         });
     }
     Ok(PreferenceData { pairs, stats })
+}
+
+impl PreferenceData {
+    /// The batch of `pairs` (indices into [`Self::pairs`]; `Batch::pairs` holds them plus
+    /// `first_id`): their chosen sequences, then their rejected ones, each a row of `seq_len`
+    /// inputs padded with `pad_id`, whose targets are the next tokens of the completion only
+    /// (-1 on the prompt and the padding). Sequences longer than `seq_len + 1` tokens are cut.
+    pub fn batch(&self, pairs: &[usize], seq_len: usize, pad_id: u32, first_id: u32) -> Batch {
+        let t = seq_len;
+        let rows = 2 * pairs.len();
+        let (mut inputs, mut targets, mut mask) = (
+            Vec::with_capacity(rows * t),
+            Vec::with_capacity(rows * t),
+            Vec::with_capacity(rows * t),
+        );
+        let sequences = pairs
+            .iter()
+            .map(|&i| &self.pairs[i].chosen)
+            .chain(pairs.iter().map(|&i| &self.pairs[i].rejected));
+        for seq in sequences {
+            let real = seq.ids.len().saturating_sub(1).min(t);
+            for p in 0..t {
+                if p < real {
+                    inputs.push(seq.ids[p]);
+                    mask.push(1);
+                    targets.push(if p + 1 >= seq.prompt_len {
+                        i64::from(seq.ids[p + 1])
+                    } else {
+                        IGNORE_INDEX
+                    });
+                } else {
+                    inputs.push(pad_id);
+                    mask.push(0);
+                    targets.push(IGNORE_INDEX);
+                }
+            }
+        }
+        Batch {
+            batch_size: rows,
+            seq_len: t,
+            inputs,
+            targets,
+            attention_mask: Some(mask),
+            positions: None,
+            pairs: Some(pairs.iter().map(|&i| first_id + i as u32).collect()),
+        }
+    }
 }

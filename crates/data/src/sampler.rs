@@ -179,6 +179,7 @@ impl WindowSampler {
             targets,
             attention_mask: None,
             positions: None,
+            pairs: None,
         }
     }
 }
@@ -234,6 +235,7 @@ pub fn eval_batches(
             targets,
             attention_mask: None,
             positions: None,
+            pairs: None,
         });
     }
     batches

@@ -228,6 +228,7 @@ fn separators_split_text_rows_into_documents() {
         targets: vec![0; 10],
         attention_mask: None,
         positions: None,
+        pairs: None,
     };
     let b = b.with_separator_documents(9);
     assert_eq!(
@@ -243,6 +244,7 @@ fn separators_split_text_rows_into_documents() {
         targets: vec![0; 3],
         attention_mask: None,
         positions: None,
+        pairs: None,
     };
     assert_eq!(last.with_separator_documents(9).positions, None);
 }

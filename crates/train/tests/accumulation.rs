@@ -26,6 +26,7 @@ fn concat(batches: &[Batch]) -> Batch {
         targets: batches.iter().flat_map(|b| b.targets.clone()).collect(),
         attention_mask: None,
         positions: None,
+        pairs: None,
     }
 }
 

@@ -81,6 +81,7 @@ fn packed(docs: &[Doc], only: Option<usize>, positions: bool) -> Batch {
         targets: vec![IGNORE_INDEX; ROWS.len() * T],
         attention_mask: Some(vec![1; ROWS.len() * T]),
         positions: positions.then(|| vec![0; ROWS.len() * T]),
+        pairs: None,
     };
     for (i, d) in docs.iter().enumerate() {
         let at = d.row * T + d.start;
@@ -110,6 +111,7 @@ fn alone(d: &Doc) -> Batch {
         targets: d.targets(),
         attention_mask: None,
         positions: None,
+        pairs: None,
     }
 }
 

@@ -15,8 +15,10 @@ use crate::error::{Result, TrainError};
 use choices::{allowed_values, lookup, toml_type};
 
 mod lora;
+mod preference;
 mod sections;
 pub use lora::*;
+pub use preference::{PreferenceConfig, PreferenceLoss, TruncationMode};
 pub use sections::*;
 
 mod choices;
@@ -58,6 +60,8 @@ pub struct RunConfig {
     pub lora: Option<LoraConfig>,
     /// `[eval]`.
     pub eval: EvalConfig,
+    /// `[preference]` (preference data only).
+    pub preference: PreferenceConfig,
     /// The full TOML after overrides (what checkpoints store as `run.toml`).
     pub table: toml::Table,
     /// Settings that were adjusted, for the trainer to print (e.g. a warmup clipped to a
@@ -68,6 +72,14 @@ pub struct RunConfig {
 /// `[data]` keys that only one data kind reads; naming one for the other kind is an error.
 const TEXT_ONLY_KEYS: &[&str] = &["cache_dir", "val_fraction", "text_field", "sampling"];
 const SFT_ONLY_KEYS: &[&str] = &["val_inputs", "pack"];
+const PREFERENCE_UNUSED_KEYS: &[&str] = &[
+    "cache_dir",
+    "val_fraction",
+    "text_field",
+    "sampling",
+    "pack",
+    "document_mask",
+];
 
 const SECTIONS: &[&str] = &[
     "model",
@@ -79,6 +91,7 @@ const SECTIONS: &[&str] = &[
     "logging",
     "lora",
     "eval",
+    "preference",
 ];
 
 /// Deserialise one section (absent: its defaults), naming `section.key` in every error.
@@ -224,6 +237,7 @@ impl RunConfig {
             checkpoint: section(&table, "checkpoint", &[])?,
             logging: section(&table, "logging", &[])?,
             eval: section(&table, "eval", &[])?,
+            preference: section(&table, "preference", &[])?,
             lora: match table.get("lora") {
                 None => None,
                 Some(_) => Some(section(&table, "lora", &["rank", "alpha", "targets"])?),
@@ -251,7 +265,21 @@ impl RunConfig {
                 SFT_ONLY_KEYS,
                 "text runs split `data.val_fraction` off the corpus and always pack windows",
             ),
+            DataKind::Preference => (
+                PREFERENCE_UNUSED_KEYS,
+                "preference runs read pairs from one JSONL file in seeded shuffled epochs, one \
+                 sequence a row, and validate on `data.val_inputs` (or the first pairs)",
+            ),
         };
+        if self.data.kind != DataKind::Preference && self.table.contains_key("preference") {
+            return Err(TrainError::config(
+                "preference",
+                format!(
+                    "is read only with data.kind = \"preference\", not \"{}\"; remove it",
+                    self.data.kind.as_str()
+                ),
+            ));
+        }
         if let Some(key) = unused.iter().find(|k| data.contains_key(**k)) {
             return Err(TrainError::config(
                 format!("data.{key}"),

@@ -15,6 +15,8 @@ pub enum DataKind {
     Text,
     /// Chat JSONL with the loss on the assistant's tokens only.
     Sft,
+    /// Preference pairs (JSONL: prompt, chosen, rejected), for `[preference]`'s losses.
+    Preference,
 }
 
 impl DataKind {
@@ -23,6 +25,7 @@ impl DataKind {
         match self {
             DataKind::Text => "text",
             DataKind::Sft => "sft",
+            DataKind::Preference => "preference",
         }
     }
 }
@@ -31,7 +34,7 @@ impl DataKind {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `text` or `sft`.
+    /// `text`, `sft` or `preference`.
     pub kind: DataKind,
     /// Corpus files or directories (text: .txt, .jsonl, .gz, .parquet; sft: one JSONL file).
     /// Required.

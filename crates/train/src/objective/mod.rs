@@ -9,8 +9,12 @@
 //!
 //! - [`NextToken`]: next-token cross-entropy, over the target tokens of plain text or of SFT
 //!   rows (whose masked prompt tokens have target -1).
+//! - [`preference::Preference`]: DPO and its losses on pairs of completions (TRL's).
 
 mod next_token;
+pub mod preference;
+
+use std::path::Path;
 
 use burn::tensor::{Device, Tensor};
 use qwen_burn_data::Batch;
@@ -18,6 +22,7 @@ use qwen_burn_model::Qwen3ForCausalLM;
 
 use crate::config::DataKind;
 use crate::error::Result;
+use crate::run::data::DataPipeline;
 
 pub use next_token::{NextToken, count_targets, forward_ce_sum};
 
@@ -33,6 +38,17 @@ pub trait Objective: Send + Sync {
     /// step divides every micro-batch's loss by the units of the whole step, so `k`
     /// micro-batches, or `n` replicas, give the gradient of one batch that holds them all.
     fn units(&self, batch: &Batch) -> usize;
+
+    /// Work before the first step, once the model and the data are open (the preference
+    /// objective's reference log-probabilities). Nothing by default.
+    fn prepare(
+        &self,
+        _model: &Qwen3ForCausalLM,
+        _data: &DataPipeline,
+        _run_dir: &Path,
+    ) -> Result<()> {
+        Ok(())
+    }
 
     /// The loss of one micro-batch, from the model's final hidden states `hidden` (`[b, t,
     /// hidden_size]`, after the final norm): `loss` is what the step differentiates, already
@@ -70,7 +86,11 @@ pub struct Figure {
     pub count: f64,
 }
 
-/// The objective of a run (next-token cross-entropy for every data kind so far).
-pub fn of_run(_config: &crate::config::RunConfig) -> Box<dyn Objective> {
-    Box::new(NextToken)
+/// The objective of a run: preference data trains with `[preference]`'s loss, the others
+/// with next-token cross-entropy.
+pub fn of_run(config: &crate::config::RunConfig) -> Box<dyn Objective> {
+    match config.data.kind {
+        DataKind::Preference => Box::new(preference::Preference::new(config.preference.clone())),
+        DataKind::Text | DataKind::Sft => Box::new(NextToken),
+    }
 }

@@ -51,6 +51,7 @@ fn random_batch(rng: &mut ChaCha8Rng, b: usize, t: usize, vocab: usize) -> Batch
         targets,
         attention_mask: None,
         positions: None,
+        pairs: None,
     }
 }
 

@@ -12,6 +12,7 @@ use qwen_burn_data::{
 use sha2::{Digest, Sha256};
 
 use super::checkpoint::{ModelDir, find_beside, resolve_model_dir};
+use super::preference_data::PreferenceSets;
 use crate::config::{DataKind, ModelSource, RunConfig};
 use crate::error::{Result, TrainError};
 
@@ -24,6 +25,8 @@ pub struct DataPipeline {
     /// Text runs with `data.document_mask`: the end-of-document id that splits rows into
     /// documents.
     separator: Option<u32>,
+    /// Preference runs: the training and validation pairs.
+    preference: Option<PreferenceSets>,
 }
 
 /// `tokenizer.json` of `model.from` (the default of `data.tokenizer` there).
@@ -87,6 +90,7 @@ impl DataPipeline {
         }
         let seed = t.seed;
         let mut separator = None;
+        let mut preference = None;
         let (prefetcher, val) = match d.kind {
             DataKind::Sft => {
                 if d.inputs.len() != 1 {
@@ -175,6 +179,14 @@ impl DataPipeline {
                 }
                 (Prefetcher::windows(train, sampler, d.prefetch), val)
             }
+            DataKind::Preference => {
+                let template =
+                    ChatTemplate::beside(&d.tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
+                let (prefetcher, val, sets) =
+                    super::preference_data::open(config, &tok, &template, cursor)?;
+                preference = Some(sets);
+                (prefetcher, val)
+            }
         };
         Ok(Self {
             prefetcher,
@@ -182,7 +194,13 @@ impl DataPipeline {
             tok,
             tok_path: d.tokenizer.clone(),
             separator,
+            preference,
         })
+    }
+
+    /// The pairs of a preference run.
+    pub fn preference(&self) -> Option<&PreferenceSets> {
+        self.preference.as_ref()
     }
 
     /// The next training batch and the sampler cursor after it (for checkpoints).

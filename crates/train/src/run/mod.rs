@@ -18,6 +18,7 @@ pub mod guard;
 pub mod hooks;
 pub mod lock;
 pub mod memory;
+pub mod preference_data;
 mod prepared;
 pub mod refused;
 pub mod resume;

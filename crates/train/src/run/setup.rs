@@ -85,6 +85,8 @@ pub(super) fn prepare<'a>(
     let cursor = state.data_cursor.as_ref().filter(|_| resumed);
     let data = DataPipeline::new(config, cursor, model.config.vocab_size)?;
     let tasks = read_tasks(config, &model, &data)?;
+    // The objective's own preparation (the preference reference), before anything trains.
+    objective.prepare(&model, &data, run_dir)?;
     if let Some(tok_path) = data.tokenizer_path() {
         qwen_burn_data::tokenizer::copy_tokenizer_json(tok_path, &run_dir.join("tokenizer.json"))?;
     }

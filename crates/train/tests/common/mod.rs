@@ -64,6 +64,7 @@ pub fn lcg_batch(rows: usize, t: usize, seed: u64) -> Batch {
         targets,
         attention_mask: None,
         positions: None,
+        pairs: None,
     }
 }
 
