@@ -15,12 +15,26 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Text file to measure perplexity and bits per byte on (.gz read transparently).
-    #[arg(long, required_unless_present = "task", conflicts_with = "task")]
+    #[arg(long, required_unless_present_any = ["task", "pairs"], conflicts_with_all = ["task", "pairs"])]
     pub text: Option<PathBuf>,
     /// Multiple-choice task file (JSONL or .parquet; HellaSwag, ARC, PIQA, MMLU or plain
     /// `context`/`choices`/`gold` rows) to score by log-likelihood: prints acc and acc_norm.
     #[arg(long)]
     pub task: Option<PathBuf>,
+    /// Preference pairs (JSONL in TRL's layouts: prompt/chosen/rejected) to rank: prints one
+    /// JSON object with `pairs` and `preference_accuracy` (chosen more likely than rejected);
+    /// with --reference, also `loss`, `reward_accuracy` and `reward_margin`.
+    #[arg(long, conflicts_with = "task")]
+    pub pairs: Option<PathBuf>,
+    /// With --pairs: the reference model (a path or hub id) of the preference loss and rewards.
+    #[arg(long, requires = "pairs")]
+    pub reference: Option<PathBuf>,
+    /// With --pairs and --reference: the preference loss (sigmoid, hinge, ipo, robust).
+    #[arg(long, requires = "reference", default_value = "sigmoid", value_parser = preference_loss)]
+    pub loss: qwen_burn_train::config::PreferenceLoss,
+    /// With --pairs and --reference: the loss's beta.
+    #[arg(long, requires = "reference", default_value_t = 0.1)]
+    pub beta: f64,
     /// With --task: few-shot examples before each question, drawn from the task's other
     /// questions.
     #[arg(long, default_value_t = 0, requires = "task")]
@@ -114,6 +128,22 @@ pub fn run(args: Args) -> Result<()> {
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
     if let Some(task) = &args.task {
         return run_task(&args, task, &model, &tok, &device);
+    }
+    if let Some(pairs) = &args.pairs {
+        let pairs_args = super::pairs::PairsArgs {
+            pairs,
+            reference: args.reference.as_deref(),
+            loss: args.loss,
+            beta: args.beta,
+            batch_pairs: args.batch_size,
+        };
+        let load = |path: &std::path::Path| {
+            let path = qwen_burn_model::hub::resolve(path)?;
+            let reference = qwen_burn_train::run::checkpoint::load_model_any(&path, &device)
+                .with_context(|| format!("loading the reference {}", path.display()))?;
+            Ok(args.model.dtype.apply(reference))
+        };
+        return super::pairs::run_pairs(&pairs_args, &model, &tok, &device, load);
     }
     let path = args
         .text
@@ -235,4 +265,15 @@ fn run_task(
         }
     }
     Ok(())
+}
+
+/// `--loss`: a preference loss by its config name.
+fn preference_loss(
+    s: &str,
+) -> std::result::Result<qwen_burn_train::config::PreferenceLoss, String> {
+    use qwen_burn_train::config::PreferenceLoss::*;
+    [Sigmoid, Hinge, Ipo, Robust]
+        .into_iter()
+        .find(|l| l.as_str() == s)
+        .ok_or_else(|| format!("`{s}`: expected sigmoid, hinge, ipo or robust"))
 }

@@ -10,6 +10,7 @@ pub mod export;
 pub mod generate;
 pub mod init;
 pub mod outputs;
+pub mod pairs;
 pub mod plot;
 pub mod score;
 pub mod tokenizer;

@@ -206,3 +206,39 @@ impl Objective for Preference {
         })
     }
 }
+
+/// One pair's loss in f64 (what `eval --pairs` reports; the training loss computes the same on
+/// tensors): `c`, `r` the policy's, `rc`, `rr` the reference's log-probabilities, `nc`, `nr`
+/// the completions' token counts.
+#[allow(clippy::too_many_arguments)]
+pub fn pair_loss(
+    config: &PreferenceConfig,
+    c: f64,
+    r: f64,
+    rc: f64,
+    rr: f64,
+    nc: f64,
+    nr: f64,
+) -> f64 {
+    let beta = config.beta;
+    let delta = (c - rc) - (r - rr);
+    // -log sigmoid(x) = log(1 + e^-x), computed without overflow.
+    let nls = |x: f64| {
+        if x > 0.0 {
+            (-x).exp().ln_1p()
+        } else {
+            -x + x.exp().ln_1p()
+        }
+    };
+    match config.loss {
+        PreferenceLoss::Sigmoid => nls(beta * delta),
+        PreferenceLoss::Hinge => (1.0 - beta * delta).max(0.0),
+        PreferenceLoss::Ipo => {
+            ((c - rc) / nc.max(1.0) - (r - rr) / nr.max(1.0) - 1.0 / (2.0 * beta)).powi(2)
+        }
+        PreferenceLoss::Robust => {
+            let e = config.label_smoothing;
+            ((1.0 - e) * nls(beta * delta) - e * nls(-beta * delta)) / (1.0 - 2.0 * e)
+        }
+    }
+}
