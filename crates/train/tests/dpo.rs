@@ -1,0 +1,170 @@
+//! DPO against TRL (issue 38): on the pairs and models of `fixtures/dpo` (made by
+//! `make_dpo_fixture.py` with TRL 1.16.0's `DPOTrainer`), each loss (sigmoid, hinge, ipo,
+//! robust), its reward and log-probability figures, and its gradients with respect to four
+//! parameters equal TRL's within 1e-5 (relative to their scale).
+
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Device, Tensor};
+use qwen_burn_data::{ChatTemplate, Tok, Truncation, load_preferences};
+use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_train::RunConfig;
+use qwen_burn_train::config::{PreferenceConfig, PreferenceLoss};
+use qwen_burn_train::objective::preference::{Preference, batch_logps};
+use qwen_burn_train::run::start::build_model;
+use qwen_burn_train::step::Step;
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dpo")
+}
+
+/// Every float parameter by its path (Burn's module names, which are HF's keys).
+fn param_ids(model: &Qwen3ForCausalLM) -> Vec<(String, ParamId)> {
+    struct All(Vec<String>, Vec<(String, ParamId)>);
+    impl ModuleVisitor for All {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.0.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.0.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            // The enum variant of a layer's feed-forward (`mlp.Dense`) is no HF key.
+            let path = self.0.join(".").replace(".Dense.", ".");
+            self.1.push((path, param.id));
+        }
+    }
+    let mut all = All(Vec::new(), Vec::new());
+    model.visit(&mut all);
+    all.1
+}
+
+fn model(seed: u64, device: &Device) -> Qwen3ForCausalLM {
+    let mut config = RunConfig::load(&fixtures().join("policy.toml"), &[]).unwrap();
+    config.training.seed = seed;
+    build_model(&config, device).unwrap()
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+#[test]
+fn dpo_losses_figures_and_gradients_equal_trls() {
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap())
+            .unwrap();
+    let device = Device::flex().autodiff();
+    let policy = model(11, &device);
+    let reference = model(12, &device).valid();
+    let tok = Tok::from_file(&fixtures().join("../../../../../datasets/tokenizer.json")).unwrap();
+    let data = load_preferences(
+        &fixtures().join("pairs.jsonl"),
+        &tok,
+        &ChatTemplate::chatml(),
+        "<|endoftext|>",
+        None,
+        Truncation::KeepStart,
+    )
+    .unwrap();
+    let n = data.pairs.len();
+    let longest = data
+        .pairs
+        .iter()
+        .flat_map(|p| [p.chosen.ids.len(), p.rejected.ids.len()])
+        .max()
+        .unwrap();
+    let pad = tok.require_eos().unwrap();
+    let batch = data.batch(&(0..n).collect::<Vec<_>>(), longest - 1, pad, 0);
+    let ref_logps = batch_logps(&reference, &batch, &device.clone().without_autodiff()).unwrap();
+    let table: Vec<[f64; 2]> = (0..n).map(|i| [ref_logps[i], ref_logps[n + i]]).collect();
+    let ids = param_ids(&policy);
+    let beta = expected["beta"].as_f64().unwrap();
+    for (name, kind) in [
+        ("sigmoid", PreferenceLoss::Sigmoid),
+        ("hinge", PreferenceLoss::Hinge),
+        ("ipo", PreferenceLoss::Ipo),
+        ("robust", PreferenceLoss::Robust),
+    ] {
+        let want = &expected["losses"][name];
+        let config = PreferenceConfig {
+            loss: kind,
+            beta,
+            label_smoothing: want["label_smoothing"].as_f64().unwrap(),
+            ..PreferenceConfig::default()
+        };
+        let objective = Preference::with_reference(config, table.clone());
+        let step = Step {
+            objective: &objective,
+            checkpoint_layers: false,
+        };
+        let (grads, stats) = step
+            .run(&policy, std::slice::from_ref(&batch), &device)
+            .unwrap();
+        let loss = want["loss"].as_f64().unwrap();
+        assert!(
+            (stats.loss - loss).abs() <= 1e-5 * loss.abs().max(1.0),
+            "{name}: loss {} vs TRL {loss}",
+            stats.loss
+        );
+        let figures = stats.figure_means();
+        for key in [
+            "rewards/chosen",
+            "rewards/rejected",
+            "rewards/margins",
+            "rewards/accuracies",
+            "logps/chosen",
+            "logps/rejected",
+        ] {
+            let (ours, theirs) = (figures[key], want["metrics"][key].as_f64().unwrap());
+            assert!(
+                (ours - theirs).abs() <= 1e-5 * theirs.abs().max(1.0),
+                "{name}: {key} {ours} vs TRL {theirs}"
+            );
+        }
+        for (param, values) in want["grads"].as_object().unwrap() {
+            let theirs: Vec<f32> = values
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect();
+            let id = ids
+                .iter()
+                .find(|(p, _)| p == param)
+                .unwrap_or_else(|| {
+                    let names: Vec<_> = ids.iter().map(|(p, _)| p.as_str()).collect();
+                    panic!("{param} not among {names:?}")
+                })
+                .1;
+            let ours: Vec<f32> = if param.ends_with("norm.weight") {
+                grads
+                    .get::<1>(id)
+                    .expect(param)
+                    .into_data()
+                    .to_vec()
+                    .unwrap()
+            } else {
+                // Burn keeps a linear weight as [in, out]; HF as [out, in].
+                let g = grads.get::<2>(id).expect(param);
+                g.transpose().into_data().to_vec().unwrap()
+            };
+            assert_eq!(ours.len(), theirs.len(), "{name}: {param}");
+            let scale = max_abs(&theirs);
+            let diff = ours
+                .iter()
+                .zip(&theirs)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                scale > 0.0,
+                "{name}: {param}: a zero gradient compares nothing"
+            );
+            assert!(
+                diff <= 1e-5 * scale,
+                "{name}: {param} gradient differs by {diff} (largest {scale})"
+            );
+        }
+    }
+}
