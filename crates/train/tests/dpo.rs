@@ -143,13 +143,12 @@ fn dpo_losses_figures_and_gradients_equal_trls() {
                 grads
                     .get::<1>(id)
                     .expect(param)
-                    .into_data()
-                    .to_vec()
+                    .try_into_vec_as::<f32>()
                     .unwrap()
             } else {
                 // Burn keeps a linear weight as [in, out]; HF as [out, in].
                 let g = grads.get::<2>(id).expect(param);
-                g.transpose().into_data().to_vec().unwrap()
+                g.transpose().try_into_vec_as::<f32>().unwrap()
             };
             assert_eq!(ours.len(), theirs.len(), "{name}: {param}");
             let scale = max_abs(&theirs);
