@@ -50,6 +50,17 @@ pub trait Objective: Send + Sync {
         Ok(())
     }
 
+    /// Figures of the objective on the validation batches, beside the validation loss (which
+    /// is the next-token loss of their targets for every objective). None by default.
+    fn validate(
+        &self,
+        _model: &Qwen3ForCausalLM,
+        _batches: &[Batch],
+        _device: &Device,
+    ) -> Result<std::collections::BTreeMap<String, f64>> {
+        Ok(Default::default())
+    }
+
     /// The loss of one micro-batch, from the model's final hidden states `hidden` (`[b, t,
     /// hidden_size]`, after the final norm): `loss` is what the step differentiates, already
     /// divided by `step_units`, the units of the whole step.

@@ -103,6 +103,14 @@ pub struct ValRecord {
     /// tokens' token-expert choices that change when the bias is dropped, as in an HF export.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_bias_changed_choices: Option<f64>,
+    /// The objective's validation figures (a preference run's loss, rewards and accuracies on
+    /// its validation pairs), by name.
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        deserialize_with = "nan_if_null_map"
+    )]
+    pub figures: std::collections::BTreeMap<String, f64>,
 }
 
 /// A multiple-choice task's score (`[eval] tasks`).

@@ -110,17 +110,27 @@ impl Loop<'_> {
             perplexity: v.loss.exp(),
             bpb: v.bpb,
             moe_bias_changed_choices: v.bias_changed_choices,
+            figures: self.step.objective.validate(
+                &model.valid(),
+                self.data.val_batches(),
+                &self.device.clone().without_autodiff(),
+            )?,
         });
-        self.log(&record, progress)?;
         let mut bpb = v
             .bpb
             .map_or(String::new(), |b| format!(" | val bpb {b:.4}"));
+        if let MetricsRecord::Val(r) = &record {
+            for (name, value) in &r.figures {
+                bpb.push_str(&format!(" | val {name} {value:.4}"));
+            }
+        }
         if let Some(f) = v.bias_changed_choices {
             bpb.push_str(&format!(
                 " | routing bias decides {:.1}% of expert choices",
                 f * 100.0
             ));
         }
+        self.log(&record, progress)?;
         progress.line(&format!(
             "step {step:>6} | val loss {:.4} | val ppl {:.2}{bpb}",
             v.loss,

@@ -114,6 +114,49 @@ impl Objective for Preference {
         Ok(())
     }
 
+    /// On the validation pairs: the preference loss, `rewards/accuracies`, `rewards/margins`,
+    /// and `preference_accuracy` (chosen more likely than rejected, no reference needed), means
+    /// over the pairs.
+    fn validate(
+        &self,
+        model: &Qwen3ForCausalLM,
+        batches: &[Batch],
+        device: &Device,
+    ) -> Result<std::collections::BTreeMap<String, f64>> {
+        let table = self.reference.get().ok_or_else(|| {
+            TrainError::Other("preference validation before the reference log-probabilities".into())
+        })?;
+        let (mut loss, mut acc, mut margin, mut pref, mut n) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for batch in batches {
+            let Some(pairs) = batch.pairs.as_deref() else {
+                continue;
+            };
+            let logps = batch_logps(model, batch, device)?;
+            let tokens = completion_tokens(batch);
+            let p = pairs.len();
+            for (i, &id) in pairs.iter().enumerate() {
+                let [rc, rr] = *table.get(id as usize).ok_or_else(|| {
+                    TrainError::Other("a validation pair beyond the reference table".into())
+                })?;
+                let (c, r) = (logps[i], logps[p + i]);
+                loss += pair_loss(&self.config, c, r, rc, rr, tokens[i], tokens[p + i]);
+                let m = self.config.beta * ((c - rc) - (r - rr));
+                acc += f64::from(u8::from(m > 0.0));
+                margin += m;
+                pref += f64::from(u8::from(c > r));
+                n += 1.0;
+            }
+        }
+        let mut out = std::collections::BTreeMap::new();
+        if n > 0.0 {
+            out.insert("preference/loss".to_string(), loss / n);
+            out.insert("rewards/accuracies".to_string(), acc / n);
+            out.insert("rewards/margins".to_string(), margin / n);
+            out.insert("preference_accuracy".to_string(), pref / n);
+        }
+        Ok(out)
+    }
+
     fn loss(
         &self,
         model: &Qwen3ForCausalLM,
