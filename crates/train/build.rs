@@ -57,7 +57,11 @@ fn config_keys(source: &str, out: &mut Vec<(String, String, String, String)>) {
 
 fn main() {
     let mut keys = Vec::new();
-    for path in ["src/config/sections.rs", "src/config/lora.rs"] {
+    for path in [
+        "src/config/sections.rs",
+        "src/config/lora.rs",
+        "src/config/preference.rs",
+    ] {
         println!("cargo:rerun-if-changed={path}");
         let source = std::fs::read_to_string(path).expect("config sources");
         config_keys(&source, &mut keys);

@@ -247,6 +247,7 @@ impl RunConfig {
         };
         config.validate()?;
         config.check_data_keys()?;
+        config.preference.check()?;
         Ok(config.with_notices())
     }
 

@@ -67,3 +67,32 @@ pub enum TruncationMode {
     /// Cut the start.
     KeepEnd,
 }
+
+impl PreferenceConfig {
+    /// Refuse values the losses cannot use, naming the key.
+    pub fn check(&self) -> crate::error::Result<()> {
+        use crate::error::TrainError;
+        if !(self.beta.is_finite() && self.beta > 0.0) {
+            return Err(TrainError::config(
+                "preference.beta",
+                format!("is {}; it must be above 0", self.beta),
+            ));
+        }
+        if !(0.0..0.5).contains(&self.label_smoothing) {
+            return Err(TrainError::config(
+                "preference.label_smoothing",
+                format!("is {}; it must be in [0, 0.5)", self.label_smoothing),
+            ));
+        }
+        if self.label_smoothing > 0.0 && self.loss != PreferenceLoss::Robust {
+            return Err(TrainError::config(
+                "preference.label_smoothing",
+                format!(
+                    "is read by loss = \"robust\" only, not \"{}\"; remove it or use robust",
+                    self.loss.as_str()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -29,6 +29,7 @@ fn defaults(section: &str) -> toml::Table {
         "logging" => table(LoggingConfig::default()),
         "logging.peak_tflops" => table(PeakTflops::default()),
         "lora" => table(LoraConfig::default()),
+        "preference" => table(super::PreferenceConfig::default()),
         _ => toml::Table::new(),
     }
 }
