@@ -113,3 +113,11 @@ pub fn save_pretrained(
     model.config.save(dir)?;
     Ok(written)
 }
+
+impl Qwen3ForCausalLM {
+    /// Write `config.json` and the safetensors that HF transformers loads with the same
+    /// logits, sharded above [`DEFAULT_MAX_SHARD_BYTES`] (see [`save_pretrained`]).
+    pub fn save_pretrained(&self, dir: &Path) -> Result<Vec<String>> {
+        save_pretrained(self, dir, DEFAULT_MAX_SHARD_BYTES)
+    }
+}

@@ -355,13 +355,6 @@ impl Qwen3ForCausalLM {
         }
     }
 
-    /// Write `config.json` and the safetensors that HF transformers loads with the same
-    /// logits, sharded as `save_pretrained` shards above [`crate::export::DEFAULT_MAX_SHARD_BYTES`]
-    /// (see [`crate::export`]).
-    pub fn save_pretrained(&self, dir: &Path) -> Result<Vec<String>> {
-        crate::export::save_pretrained(self, dir, crate::export::DEFAULT_MAX_SHARD_BYTES)
-    }
-
     /// Drop the routing bias values (aux-loss-free balancing) so the model can be exported.
     pub fn without_routing_bias(mut self) -> Self {
         for layer in &mut self.model.layers {

@@ -8,7 +8,7 @@ use qwen_burn_model::moe::RouterOutput;
 use super::{Objective, ObjectiveLoss};
 use crate::config::DataKind;
 use crate::error::Result;
-use crate::step::{batch_documents, input_tensors, target_tensor};
+use crate::step::batch::{batch_documents, input_tensors, target_tensor};
 
 /// Next-token cross-entropy, averaged over the step's target tokens: the loss of pretraining
 /// and of supervised fine-tuning.

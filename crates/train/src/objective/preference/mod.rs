@@ -30,7 +30,7 @@ use super::{Figure, Objective, ObjectiveLoss};
 use crate::config::{DataKind, PreferenceConfig, PreferenceLoss};
 use crate::error::{Result, TrainError};
 use crate::run::data::DataPipeline;
-use crate::step::{batch_documents, input_tensors, target_tensor};
+use crate::step::batch::{batch_documents, input_tensors, target_tensor};
 
 mod reference;
 

@@ -1,0 +1,69 @@
+//! The `[data]` keys one data kind reads and another does not: naming one for the wrong kind
+//! is an error, not a silently ignored setting.
+
+use super::{DataKind, RunConfig};
+use crate::error::{Result, TrainError};
+
+/// `[data]` keys that only one data kind reads; naming one for the other kind is an error.
+const TEXT_ONLY_KEYS: &[&str] = &["cache_dir", "val_fraction", "text_field", "sampling"];
+const SFT_ONLY_KEYS: &[&str] = &["val_inputs", "pack"];
+const PREFERENCE_UNUSED_KEYS: &[&str] = &[
+    "cache_dir",
+    "val_fraction",
+    "text_field",
+    "sampling",
+    "pack",
+    "document_mask",
+];
+
+impl RunConfig {
+    /// Keys of `[data]` written for the other data kind would be silently ignored: refuse them.
+    pub(super) fn check_data_keys(&self) -> Result<()> {
+        let Some(data) = self.table.get("data").and_then(|d| d.as_table()) else {
+            return Ok(());
+        };
+        let (unused, why) = match self.data.kind {
+            DataKind::Sft => (
+                TEXT_ONLY_KEYS,
+                "SFT reads whole conversations from the JSONL file in seeded shuffled epochs, \
+                 validates on `data.val_inputs` (or the first training rows) and keeps no shard cache",
+            ),
+            DataKind::Text => (
+                SFT_ONLY_KEYS,
+                "text runs split `data.val_fraction` off the corpus and always pack windows",
+            ),
+            DataKind::Preference => (
+                PREFERENCE_UNUSED_KEYS,
+                "preference runs read pairs from one JSONL file in seeded shuffled epochs, one \
+                 sequence a row, and validate on `data.val_inputs` (or the first pairs)",
+            ),
+        };
+        if self.data.kind != DataKind::Preference && self.table.contains_key("preference") {
+            return Err(TrainError::config(
+                "preference",
+                format!(
+                    "is read only with data.kind = \"preference\", not \"{}\"; remove it",
+                    self.data.kind.as_str()
+                ),
+            ));
+        }
+        if let Some(key) = unused.iter().find(|k| data.contains_key(**k)) {
+            return Err(TrainError::config(
+                format!("data.{key}"),
+                format!(
+                    "is not used by data.kind = \"{}\" ({why}); remove it",
+                    self.data.kind.as_str()
+                ),
+            ));
+        }
+        if self.data.kind == DataKind::Sft && !self.data.pack && data.contains_key("document_mask")
+        {
+            return Err(TrainError::config(
+                "data.document_mask",
+                "is only read with data.pack = true (one conversation per row has nothing to \
+                 keep apart); remove it",
+            ));
+        }
+        Ok(())
+    }
+}
