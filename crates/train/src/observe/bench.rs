@@ -81,7 +81,17 @@ pub fn bench_train(
     warmup: usize,
 ) -> Result<Value> {
     let t = &config.training;
-    let objective = crate::objective::of_run(config);
+    // Preference data: `batch_size` random pairs a micro-batch (two rows each), scored against
+    // a reference table given here (a run computes it before its first step).
+    let preference = config.data.kind == crate::config::DataKind::Preference;
+    let objective: Box<dyn crate::objective::Objective> = if preference {
+        Box::new(crate::objective::preference::Preference::with_reference(
+            config.preference.clone(),
+            vec![[-100.0, -100.0]; t.batch_size],
+        ))
+    } else {
+        crate::objective::of_run(config)
+    };
     let step = Step::of_run(objective.as_ref(), t);
     let model_config = &model_config_of(config)?;
     let replicas = Replicas::for_set(devices, t.grad_accum, t.parallel)?;
@@ -102,7 +112,22 @@ pub fn bench_train(
     let mut losses = Vec::new();
     for i in 0..warmup + steps {
         let batches: Vec<Batch> = (0..t.grad_accum)
-            .map(|_| random_batch(&mut rng, t.batch_size, t.seq_len, model_config.vocab_size))
+            .map(|_| {
+                let rows = if preference {
+                    2 * t.batch_size
+                } else {
+                    t.batch_size
+                };
+                let mut b = random_batch(&mut rng, rows, t.seq_len, model_config.vocab_size);
+                if preference {
+                    // The first half of each row is the prompt: no loss there.
+                    for row in b.targets.chunks_mut(t.seq_len) {
+                        row[..t.seq_len / 2].fill(-1);
+                    }
+                    b.pairs = Some((0..t.batch_size as u32).collect());
+                }
+                b
+            })
             .collect();
         let start = Instant::now();
         let current = model;
@@ -127,7 +152,12 @@ pub fn bench_train(
             losses.push(loss);
         }
     }
-    let tokens = (t.grad_accum * t.batch_size * t.seq_len) as f64;
+    let rows = if preference {
+        2 * t.batch_size
+    } else {
+        t.batch_size
+    };
+    let tokens = (t.grad_accum * rows * t.seq_len) as f64;
     let step_median = median(&mut times.clone());
     let update_median = median(&mut update_times.clone());
     let tps = tokens / step_median;
