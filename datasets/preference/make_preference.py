@@ -60,7 +60,13 @@ def pairs(regions, rng, per_novel):
             if not nxt or not words[cut:].lstrip().startswith(nxt[0]):
                 continue
             chosen = nxt[0]
-            rejected = rng.choice(others)
+            # Same length (within a word): the summed log-probabilities compare content, not
+            # length.
+            n = len(chosen.split())
+            alike = [o for o in others if abs(len(o.split()) - n) <= 1]
+            if not alike:
+                continue
+            rejected = rng.choice(alike)
             if rejected == chosen:
                 continue
             out.append({"prompt": " ".join(before[-PROMPT_WORDS:]), "chosen": " " + chosen,
