@@ -24,7 +24,6 @@ use burn::tensor::activation::{log_sigmoid, relu};
 use burn::tensor::{Device, Tensor, TensorData};
 use qwen_burn_data::Batch;
 use qwen_burn_model::Qwen3ForCausalLM;
-use qwen_burn_model::loss::token_nll;
 
 use super::{Figure, Objective, ObjectiveLoss};
 use crate::config::{DataKind, PreferenceConfig, PreferenceLoss};
@@ -60,16 +59,26 @@ impl Preference {
 }
 
 /// The summed log-probability of each row's target tokens (its completion), `[rows]`, from
-/// the model's final hidden states.
+/// the model's final hidden states. Row by row through the fused LM head + cross-entropy
+/// ([`Qwen3ForCausalLM::head_cross_entropy_sum`]), which never holds a row's whole logits: a
+/// DPO step then needs about the memory of a next-token step on as many rows.
 pub fn sequence_logps(
     model: &Qwen3ForCausalLM,
     hidden: Tensor<3>,
     batch: &Batch,
     device: &Device,
 ) -> Tensor<1> {
-    let nll = token_nll(model.lm_head(hidden), target_tensor(batch, device));
-    let [b, _] = nll.dims();
-    nll.sum_dim(1).reshape([b]).neg()
+    let targets = target_tensor(batch, device);
+    let [b, t, h] = hidden.dims();
+    let rows = (0..b)
+        .map(|r| {
+            let row = hidden.clone().slice([r..r + 1, 0..t, 0..h]);
+            model
+                .head_cross_entropy_sum(row, targets.clone().slice([r..r + 1, 0..t]))
+                .neg()
+        })
+        .collect();
+    Tensor::cat(rows, 0)
 }
 
 /// [`sequence_logps`] of `batch` through a model without autodiff (the reference).

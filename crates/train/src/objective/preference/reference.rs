@@ -61,6 +61,12 @@ pub fn load_or_compute(
         }
         let table: Vec<[f64; 2]> = serde_json::from_value(value["logps"].clone())
             .map_err(|e| bad(format!("`logps`: {e}")))?;
+        // The values are f32 log-probabilities: rounding back to f32 undoes the last-bit error
+        // of JSON's decimal round trip, so a resumed run reads exactly what it wrote.
+        let table: Vec<[f64; 2]> = table
+            .into_iter()
+            .map(|[c, r]| [f64::from(c as f32), f64::from(r as f32)])
+            .collect();
         if table.len() != sets.train.pairs.len() + sets.val.pairs.len() {
             return Err(bad("holds another number of pairs than the data".into()));
         }
