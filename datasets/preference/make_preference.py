@@ -5,7 +5,11 @@ explicit-prompt text layout, {"prompt": str, "chosen": str, "rejected": str}.
 Run from anywhere:  python3 datasets/preference/make_preference.py
 Standard library only; byte-identical output on every run (fixed seed, sorted inputs).
 
-Source: the six novels in datasets/austen/*.txt.gz. Each pair: `prompt` = PROMPT_WORDS words of
+Two sets. `austen_next_sentence`: the true next sentence against another novel's. `austen_style`
+(`austen_style{,_val}.jsonl`): the same prompts and chosen sentences against a line of
+Shakespeare of the same length (held-out tails of the plays for the validation file).
+
+Source: the six novels in datasets/austen/*.txt.gz (and the plays in datasets/shakespeare). Each pair: `prompt` = PROMPT_WORDS words of
 a novel ending at a sentence end; `chosen` = the sentence that follows (at most
 COMPLETION_WORDS words); `rejected` = a sentence of the same length class from another novel
 (so both completions are Austen's prose; only the true one follows). Training pairs come from
@@ -75,6 +79,19 @@ def pairs(regions, rng, per_novel):
     return out
 
 
+def style_pairs(regions, plays, rng, per_novel):
+    """Like `pairs`, but `rejected` is a line of Shakespeare of the chosen sentence's length: a
+    preference for the prompt's author's prose that DPO can learn."""
+    verse = [s for t in plays for s in sentences(t)]
+    out = []
+    for row in pairs(regions, rng, per_novel):
+        n = len(row["chosen"].split())
+        alike = [v for v in verse if abs(len(v.split()) - n) <= 1]
+        if alike:
+            out.append({**row, "rejected": " " + rng.choice(alike)})
+    return out
+
+
 def main():
     rng = random.Random(SEED)
     heads, tails = [], []
@@ -87,8 +104,19 @@ def main():
     # Training pairs: a sample of cut points over each novel's training text.
     train = pairs([h[: 200_000] for h in heads], rng, TRAIN_PAIRS_PER_NOVEL)
     val = pairs(tails, rng, None)
+    plays = []
+    for path in sorted((HERE.parent / "shakespeare").glob("*.txt.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+        cut = int(len(text) * (1 - HELD_OUT_FRACTION))
+        plays.append((text[len(text) // 10:cut], text[cut:]))
+    style_train = style_pairs([h[: 200_000] for h in heads], [p[0][:100_000] for p in plays], rng,
+                              TRAIN_PAIRS_PER_NOVEL)
+    style_val = style_pairs(tails, [p[1] for p in plays], rng, None)
     for name, rows in (("austen_next_sentence.jsonl", train),
-                       ("austen_next_sentence_val.jsonl", val)):
+                       ("austen_next_sentence_val.jsonl", val),
+                       ("austen_style.jsonl", style_train),
+                       ("austen_style_val.jsonl", style_val)):
         with open(HERE / name, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
