@@ -308,7 +308,9 @@ impl PreferenceData {
     /// The batch of `pairs` (indices into [`Self::pairs`]; `Batch::pairs` holds them plus
     /// `first_id`): their chosen sequences, then their rejected ones, each a row of `seq_len`
     /// inputs padded with `pad_id`, whose targets are the next tokens of the completion only
-    /// (-1 on the prompt and the padding). Sequences longer than `seq_len + 1` tokens are cut.
+    /// (-1 on the prompt, the last token and the padding). Every token is an input, the last
+    /// one too, as TRL feeds them (an MoE router sees it). Longer sequences are cut to
+    /// `seq_len`.
     pub fn batch(&self, pairs: &[usize], seq_len: usize, pad_id: u32, first_id: u32) -> Batch {
         let t = seq_len;
         let rows = 2 * pairs.len();
@@ -322,12 +324,12 @@ impl PreferenceData {
             .map(|&i| &self.pairs[i].chosen)
             .chain(pairs.iter().map(|&i| &self.pairs[i].rejected));
         for seq in sequences {
-            let real = seq.ids.len().saturating_sub(1).min(t);
+            let real = seq.ids.len().min(t);
             for p in 0..t {
                 if p < real {
                     inputs.push(seq.ids[p]);
                     mask.push(1);
-                    targets.push(if p + 1 >= seq.prompt_len {
+                    targets.push(if p + 1 >= seq.prompt_len && p + 1 < real {
                         i64::from(seq.ids[p + 1])
                     } else {
                         IGNORE_INDEX

@@ -1,7 +1,8 @@
 //! DPO against TRL (issue 38): on the pairs and models of `fixtures/dpo` (made by
 //! `make_dpo_fixture.py` with TRL 1.16.0's `DPOTrainer`), each loss (sigmoid, hinge, ipo,
 //! robust), its reward and log-probability figures, and its gradients with respect to four
-//! parameters equal TRL's within 1e-5 (relative to their scale).
+//! parameters equal TRL's within 1e-5 (relative to their scale), for a dense model and an MoE
+//! one (router gradients included).
 
 use std::path::{Path, PathBuf};
 
@@ -31,8 +32,12 @@ fn param_ids(model: &Qwen3ForCausalLM) -> Vec<(String, ParamId)> {
             self.0.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            // The enum variant of a layer's feed-forward (`mlp.Dense`) is no HF key.
-            let path = self.0.join(".").replace(".Dense.", ".");
+            // The enum variant of a layer's feed-forward (`mlp.Dense`, `mlp.Sparse`) is no HF key.
+            let path = self
+                .0
+                .join(".")
+                .replace(".Dense.", ".")
+                .replace(".Sparse.", ".");
             self.1.push((path, param.id));
         }
     }
@@ -41,8 +46,8 @@ fn param_ids(model: &Qwen3ForCausalLM) -> Vec<(String, ParamId)> {
     all.1
 }
 
-fn model(seed: u64, device: &Device) -> Qwen3ForCausalLM {
-    let mut config = RunConfig::load(&fixtures().join("policy.toml"), &[]).unwrap();
+fn model(file: &str, seed: u64, device: &Device) -> Qwen3ForCausalLM {
+    let mut config = RunConfig::load(&fixtures().join(file), &[]).unwrap();
     config.training.seed = seed;
     build_model(&config, device).unwrap()
 }
@@ -52,13 +57,21 @@ fn max_abs(v: &[f32]) -> f32 {
 }
 
 #[test]
-fn dpo_losses_figures_and_gradients_equal_trls() {
+fn dpo_losses_figures_and_gradients_equal_trls_dense() {
+    check("policy.toml", "expected.json");
+}
+
+#[test]
+fn dpo_losses_figures_and_gradients_equal_trls_moe() {
+    check("moe.toml", "expected_moe.json");
+}
+
+fn check(config: &str, fixture: &str) {
     let expected: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join(fixture)).unwrap()).unwrap();
     let device = Device::flex().autodiff();
-    let policy = model(11, &device);
-    let reference = model(12, &device).valid();
+    let policy = model(config, 11, &device);
+    let reference = model(config, 12, &device).valid();
     let tok = Tok::from_file(&fixtures().join("../../../../../datasets/tokenizer.json")).unwrap();
     let data = load_preferences(
         &fixtures().join("pairs.jsonl"),
@@ -77,7 +90,7 @@ fn dpo_losses_figures_and_gradients_equal_trls() {
         .max()
         .unwrap();
     let pad = tok.require_eos().unwrap();
-    let batch = data.batch(&(0..n).collect::<Vec<_>>(), longest - 1, pad, 0);
+    let batch = data.batch(&(0..n).collect::<Vec<_>>(), longest, pad, 0);
     let ref_logps = batch_logps(&reference, &batch, &device.clone().without_autodiff()).unwrap();
     let table: Vec<[f64; 2]> = (0..n).map(|i| [ref_logps[i], ref_logps[n + i]]).collect();
     let ids = param_ids(&policy);
@@ -103,11 +116,25 @@ fn dpo_losses_figures_and_gradients_equal_trls() {
         let (grads, stats) = step
             .run(&policy, std::slice::from_ref(&batch), &device)
             .unwrap();
+        // TRL's MoE loss adds `router_aux_loss_coef * aux_loss` (its `aux_loss` figure); ours
+        // logs the objective's loss and the aux loss apart, and differentiates their sum too.
+        let aux = match &policy.config.moe {
+            Some(moe) => {
+                let ours = stats.aux_loss.expect("an MoE step's aux loss");
+                let theirs = want["metrics"]["aux_loss"].as_f64().unwrap();
+                assert!(
+                    (ours - theirs).abs() <= 1e-5 * theirs.abs(),
+                    "{name}: aux {ours} vs TRL {theirs}"
+                );
+                moe.router_aux_loss_coef * ours
+            }
+            None => 0.0,
+        };
         let loss = want["loss"].as_f64().unwrap();
+        let ours = stats.loss + aux;
         assert!(
-            (stats.loss - loss).abs() <= 1e-5 * loss.abs().max(1.0),
-            "{name}: loss {} vs TRL {loss}",
-            stats.loss
+            (ours - loss).abs() <= 1e-5 * loss.abs().max(1.0),
+            "{name}: loss {ours} vs TRL {loss}"
         );
         let figures = stats.figure_means();
         for key in [

@@ -35,8 +35,7 @@ fn logps(
         .iter()
         .flat_map(|p| [p.chosen.ids.len(), p.rejected.ids.len()])
         .max()
-        .unwrap_or(2)
-        .saturating_sub(1)
+        .unwrap_or(1)
         .max(1);
     let ids: Vec<usize> = (0..data.pairs.len()).collect();
     let mut out = Vec::with_capacity(ids.len());

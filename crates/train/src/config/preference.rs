@@ -14,7 +14,7 @@ pub struct PreferenceConfig {
     pub beta: f64,
     /// The assumed share of flipped labels, for `robust`; in [0, 0.5).
     pub label_smoothing: f64,
-    /// Which end of a sequence longer than `training.seq_len + 1` tokens is kept:
+    /// Which end of a sequence longer than `training.seq_len` tokens is kept:
     /// `keep_start` (drops a pair whose prompt alone is that long) or `keep_end`.
     pub truncation: TruncationMode,
 }

@@ -51,7 +51,7 @@ pub(super) fn open(
         TruncationMode::KeepStart => Truncation::KeepStart,
         TruncationMode::KeepEnd => Truncation::KeepEnd,
     };
-    let max_length = Some(t.seq_len + 1);
+    let max_length = Some(t.seq_len);
     let load = |path| load_preferences(path, tok, template, &eos, max_length, truncation);
     let train = Arc::new(load(&d.inputs[0])?);
     {
@@ -64,9 +64,9 @@ pub(super) fn open(
                 s.pairs,
                 s.identical,
                 s.dropped,
-                t.seq_len + 1,
+                t.seq_len,
                 s.truncated,
-                t.seq_len + 1
+                t.seq_len
             );
         }
     }
