@@ -65,7 +65,12 @@ fn a_bool_or_number_for_a_named_choice_names_the_key_and_its_values() {
             "`adamw` or `muon`",
             "a boolean",
         ),
-        ("data.kind=2", "data.kind", "`text` or `sft`", "an integer"),
+        (
+            "data.kind=2",
+            "data.kind",
+            "`text`, `sft`, `preference`",
+            "an integer",
+        ),
         (
             "training.activation_checkpointing=false",
             "training.activation_checkpointing",
