@@ -65,12 +65,7 @@ fn train_records(run: &Path) -> Vec<String> {
 #[test]
 fn a_dpo_run_keeps_its_reference_resumes_exactly_and_eval_pairs_agrees() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path(), &[]);
-    std::fs::copy(
-        repo_root().join("datasets/tokenizer.json"),
-        hf.join("tokenizer.json"),
-    )
-    .unwrap();
+    let hf = tiny_hf_with_tokenizer(dir.path());
     let pairs = dir.path().join("pairs.jsonl");
     let all =
         std::fs::read_to_string(repo_root().join("datasets/preference/austen_next_sentence.jsonl"))
@@ -195,12 +190,7 @@ fn a_dpo_run_keeps_its_reference_resumes_exactly_and_eval_pairs_agrees() {
 #[test]
 fn bad_preference_settings_and_rows_name_the_key_file_and_line() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path(), &[]);
-    std::fs::copy(
-        repo_root().join("datasets/tokenizer.json"),
-        hf.join("tokenizer.json"),
-    )
-    .unwrap();
+    let hf = tiny_hf_with_tokenizer(dir.path());
     let pairs = dir.path().join("pairs.jsonl");
     std::fs::write(&pairs, "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"a\", \"chosen\": \" b\"}\n").unwrap();
     let config = dpo_config(dir.path(), &hf, &pairs, 2);

@@ -82,12 +82,7 @@ fn exports_keep_the_chat_template_and_special_token_files() {
 #[test]
 fn exports_shard_above_the_threshold_and_replace_each_other_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path(), &[]);
-    std::fs::copy(
-        repo_root().join("datasets/tokenizer.json"),
-        hf.join("tokenizer.json"),
-    )
-    .unwrap();
+    let hf = tiny_hf_with_tokenizer(dir.path());
     let out = dir.path().join("out");
     let export = |size: &str, overwrite: bool| {
         let mut args = vec!["export", "--checkpoint", s(&hf), "--out", s(&out)];
@@ -201,12 +196,7 @@ fn exports_shard_above_the_threshold_and_replace_each_other_cleanly() {
 #[test]
 fn an_export_renders_the_sources_chat_template() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path(), &[]);
-    std::fs::copy(
-        repo_root().join("datasets/tokenizer.json"),
-        hf.join("tokenizer.json"),
-    )
-    .unwrap();
+    let hf = tiny_hf_with_tokenizer(dir.path());
     let prompt = |model: &std::path::Path| -> serde_json::Value {
         let out = ok(&qwen_burn(
             &[

@@ -34,12 +34,7 @@ fn cache_with(model: &Path, cache: &Path, repo: &str) {
 #[test]
 fn hub_ids_resolve_in_the_cache_for_generate_eval_and_train() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hf = tiny_hf(dir.path(), &[]);
-    std::fs::copy(
-        repo_root().join("datasets/tokenizer.json"),
-        hf.join("tokenizer.json"),
-    )
-    .unwrap();
+    let hf = tiny_hf_with_tokenizer(dir.path());
     let cache = dir.path().join("hub-cache");
     cache_with(&hf, &cache, "tiny-org/tiny-qwen3");
     let env = [("HF_HUB_CACHE", s(&cache)), ("HF_HUB_OFFLINE", "1")];

@@ -36,7 +36,8 @@ pub use chat::{ChatOptions, SftDataset, SftRow, SftSampler, SftStats, tokenize_c
 pub use conversation::{Message, render_chat};
 pub use error::{DataError, Result};
 pub use preference::{
-    PreferenceData, PreferencePair, PreferenceStats, Sequence, Truncation, load_preferences,
+    PreferenceData, PreferencePair, PreferenceStats, Sequence, Truncation, completion_eos,
+    load_preferences,
 };
 pub use prefetch::{PrefetchStats, Prefetcher};
 pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};

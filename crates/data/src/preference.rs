@@ -227,6 +227,15 @@ fn row_texts(
     }
 }
 
+/// The EOS text TRL appends to text completions: the `eos_token` of the tokenizer's config,
+/// else the tokenizer's document separator.
+pub fn completion_eos(tok: &Tok, template: &ChatTemplate) -> Result<String> {
+    match template.eos_token() {
+        Some(e) => Ok(e.to_string()),
+        None => tok.decode(&[tok.require_eos()?]),
+    }
+}
+
 /// Read and tokenise a preference JSONL file (see the module docs). `eos` is the text appended
 /// to text completions (the tokenizer's EOS token); `max_length` bounds each sequence (prompt
 /// plus completion), cut as `truncation` says.

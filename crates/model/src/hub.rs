@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{ModelError, Result};
+use crate::weights::index_shards;
 
 /// A model repository on the hub, at a revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,23 +86,8 @@ fn weights_present(dir: &Path) -> bool {
     if dir.join("model.safetensors").is_file() {
         return true;
     }
-    shards(&dir.join("model.safetensors.index.json"))
-        .is_some_and(|s| !s.is_empty() && s.iter().all(|f| dir.join(f).is_file()))
-}
-
-/// The shard files an index names.
-fn shards(index: &Path) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(index).ok()?;
-    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let mut files: Vec<String> = value
-        .get("weight_map")?
-        .as_object()?
-        .values()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    files.sort();
-    files.dedup();
-    Some(files)
+    index_shards(&dir.join("model.safetensors.index.json"))
+        .is_ok_and(|s| !s.is_empty() && s.iter().all(|f| dir.join(f).is_file()))
 }
 
 /// `spec` as a model directory: itself when it exists or is no hub id; else the snapshot of

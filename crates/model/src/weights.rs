@@ -54,43 +54,50 @@ pub struct SafetensorsCheckpoint {
     desc: String,
 }
 
+/// The shard files a `model.safetensors.index.json` lists, sorted and without repeats.
+pub fn index_shards(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io("read", index, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::ConfigParse {
+            path: index.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| ModelError::ConfigParse {
+            path: index.to_path_buf(),
+            reason: "missing object `weight_map`".into(),
+        })?;
+    let mut names = BTreeSet::new();
+    for (key, value) in map {
+        // Shards are files beside the index: a path elsewhere (`../x`, `/dev/stdin`) would let
+        // a downloaded index make us open any file, a FIFO or a device.
+        let name = value
+            .as_str()
+            .filter(|n| is_plain_file_name(n))
+            .ok_or_else(|| ModelError::ConfigParse {
+                path: index.to_path_buf(),
+                reason: format!(
+                    "weight_map entry `{key}` is {value}, expected the file name of a shard in \
+                     the same directory"
+                ),
+            })?;
+        names.insert(name.to_string());
+    }
+    Ok(names.into_iter().collect())
+}
+
 impl SafetensorsCheckpoint {
     /// Open `dir/model.safetensors`, or the shards listed in `dir/model.safetensors.index.json`.
     pub fn open(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.exists() {
-            let text =
-                std::fs::read_to_string(&index).map_err(|e| ModelError::io("read", &index, e))?;
-            let value: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| ModelError::ConfigParse {
-                    path: index.clone(),
-                    reason: e.to_string(),
-                })?;
-            let map = value
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| ModelError::ConfigParse {
-                    path: index.clone(),
-                    reason: "missing object `weight_map`".into(),
-                })?;
-            let mut names = BTreeSet::new();
-            for (key, value) in map {
-                // Shards are files beside the index: a path elsewhere (`../x`, `/dev/stdin`)
-                // would let a downloaded index make us open any file, a FIFO or a device.
-                let name = value
-                    .as_str()
-                    .filter(|n| is_plain_file_name(n))
-                    .ok_or_else(|| ModelError::ConfigParse {
-                        path: index.clone(),
-                        reason: format!(
-                            "weight_map entry `{key}` is {value}, expected the file name of a \
-                             shard in the same directory"
-                        ),
-                    })?;
-                names.insert(name);
-            }
-            names.into_iter().map(|n| dir.join(n)).collect()
+            index_shards(&index)?
+                .into_iter()
+                .map(|n| dir.join(n))
+                .collect()
         } else if single.exists() {
             vec![single]
         } else {

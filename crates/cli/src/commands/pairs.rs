@@ -7,10 +7,12 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use burn::tensor::Device;
-use qwen_burn_data::{ChatTemplate, PreferenceData, Tok, Truncation, load_preferences};
+use qwen_burn_data::{
+    ChatTemplate, PreferenceData, Tok, Truncation, completion_eos, load_preferences,
+};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_train::config::{PreferenceConfig, PreferenceLoss};
-use qwen_burn_train::objective::preference::{batch_logps, pair_loss};
+use qwen_burn_train::objective::preference::{pair_logps, pair_loss};
 use serde_json::json;
 
 /// What `--pairs` needs besides the model.
@@ -22,7 +24,8 @@ pub struct PairsArgs<'a> {
     pub batch_pairs: usize,
 }
 
-/// `[chosen, rejected]` summed completion log-probabilities of every pair.
+/// `[chosen, rejected]` summed completion log-probabilities of every pair, each row as long as
+/// the longest sequence.
 fn logps(
     model: &Qwen3ForCausalLM,
     data: &PreferenceData,
@@ -37,15 +40,7 @@ fn logps(
         .max()
         .unwrap_or(1)
         .max(1);
-    let ids: Vec<usize> = (0..data.pairs.len()).collect();
-    let mut out = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(batch.max(1)) {
-        let b = data.batch(chunk, seq_len, pad, 0);
-        let l = batch_logps(model, &b, device)?;
-        let p = chunk.len();
-        out.extend((0..p).map(|i| [l[i], l[p + i]]));
-    }
-    Ok(out)
+    Ok(pair_logps(model, data, seq_len, pad, batch, device)?)
 }
 
 pub fn run_pairs(
@@ -56,10 +51,7 @@ pub fn run_pairs(
     load_reference: impl Fn(&Path) -> Result<Qwen3ForCausalLM>,
 ) -> Result<()> {
     let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
-    let eos = match template.eos_token() {
-        Some(e) => e.to_string(),
-        None => tok.decode(&[tok.require_eos()?])?,
-    };
+    let eos = completion_eos(tok, &template)?;
     let data = load_preferences(
         args.pairs,
         tok,

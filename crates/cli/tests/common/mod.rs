@@ -135,6 +135,17 @@ pub fn tiny_hf(tmp: &Path, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// [`tiny_hf`] with the shipped `tokenizer.json` beside the weights.
+pub fn tiny_hf_with_tokenizer(tmp: &Path) -> PathBuf {
+    let hf = tiny_hf(tmp, &[]);
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        hf.join("tokenizer.json"),
+    )
+    .expect("tokenizer");
+    hf
+}
+
 /// A failed command's stderr, after checking that it failed and did not panic.
 pub fn fails(out: &Output) -> String {
     assert!(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use qwen_burn_data::{
     Batch, ChatTemplate, Cursor, PreferenceData, Prefetcher, SftSampler, Tok, Truncation,
-    load_preferences,
+    completion_eos, load_preferences,
 };
 
 use crate::config::{RunConfig, TruncationMode};
@@ -41,12 +41,7 @@ pub(super) fn open(
             "preference data takes exactly one JSONL file",
         ));
     }
-    // The EOS text TRL appends to text completions: the tokenizer config's, else the document
-    // separator.
-    let eos = match template.eos_token() {
-        Some(e) => e.to_string(),
-        None => tok.decode(&[tok.require_eos()?])?,
-    };
+    let eos = completion_eos(tok, template)?;
     let truncation = match config.preference.truncation {
         TruncationMode::KeepStart => Truncation::KeepStart,
         TruncationMode::KeepEnd => Truncation::KeepEnd,

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use burn::module::Module;
 use burn::tensor::activation::{log_sigmoid, relu};
 use burn::tensor::{Device, Tensor, TensorData};
-use qwen_burn_data::Batch;
+use qwen_burn_data::{Batch, PreferenceData};
 use qwen_burn_model::Qwen3ForCausalLM;
 
 use super::{Figure, Objective, ObjectiveLoss};
@@ -87,6 +87,27 @@ pub fn batch_logps(model: &Qwen3ForCausalLM, batch: &Batch, device: &Device) -> 
     let docs = batch_documents(batch)?;
     let (hidden, _) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
     read(sequence_logps(model, hidden, batch, device))
+}
+
+/// `[chosen, rejected]` summed completion log-probabilities of every pair of `data`, scored
+/// `per_forward` pairs at a time in rows of `seq_len` padded with `pad`, through a model without
+/// autodiff (a reference, or `eval --pairs`).
+pub fn pair_logps(
+    model: &Qwen3ForCausalLM,
+    data: &PreferenceData,
+    seq_len: usize,
+    pad: u32,
+    per_forward: usize,
+    device: &Device,
+) -> Result<Vec<[f64; 2]>> {
+    let ids: Vec<usize> = (0..data.pairs.len()).collect();
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(per_forward.max(1)) {
+        let logps = batch_logps(model, &data.batch(chunk, seq_len, pad, 0), device)?;
+        let p = chunk.len();
+        out.extend((0..p).map(|i| [logps[i], logps[p + i]]));
+    }
+    Ok(out)
 }
 
 fn read(t: Tensor<1>) -> Result<Vec<f64>> {

@@ -7,7 +7,7 @@ use burn::module::Module;
 use qwen_burn_model::Qwen3ForCausalLM;
 use sha2::{Digest, Sha256};
 
-use super::batch_logps;
+use super::pair_logps;
 use crate::error::{Result, TrainError};
 use crate::run::data::DataPipeline;
 
@@ -79,13 +79,14 @@ pub fn load_or_compute(
         .ok_or_else(|| TrainError::Other("the reference model has no device".into()))?;
     let mut table = Vec::with_capacity(sets.train.pairs.len() + sets.val.pairs.len());
     for set in [&sets.train, &sets.val] {
-        let ids: Vec<usize> = (0..set.pairs.len()).collect();
-        for chunk in ids.chunks(PAIRS_PER_FORWARD) {
-            let batch = set.batch(chunk, sets.seq_len, sets.pad, 0);
-            let logps = batch_logps(model, &batch, &device)?;
-            let p = chunk.len();
-            table.extend((0..p).map(|i| [logps[i], logps[p + i]]));
-        }
+        table.extend(pair_logps(
+            model,
+            set,
+            sets.seq_len,
+            sets.pad,
+            PAIRS_PER_FORWARD,
+            &device,
+        )?);
     }
     let value = serde_json::json!({"fingerprint": fingerprint, "logps": table});
     let tmp = run_dir.join(format!("{REFERENCE_FILE}.tmp"));
