@@ -240,12 +240,99 @@ fn bad_preference_settings_and_rows_name_the_key_file_and_line() {
             "--run-dir",
             s(&run),
             "--set",
-            "preference.loss=\"simpo\"",
+            "preference.loss=\"kto\"",
         ],
         &[],
     ));
     assert!(
-        err.contains("preference.loss") && err.contains("sigmoid"),
+        err.contains("preference.loss") && err.contains("simpo"),
         "{err}"
     );
+    let err = fails(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&run),
+            "--set",
+            "preference.gamma=0.3",
+        ],
+        &[],
+    ));
+    assert!(
+        err.contains("preference.gamma") && err.contains("simpo"),
+        "{err}"
+    );
+    let err = fails(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--pairs",
+            s(&pairs),
+            "--loss",
+            "ipo",
+        ],
+        &[],
+    ));
+    assert!(err.contains("--reference"), "{err}");
+}
+
+/// The reference-free losses train without a reference (no `reference_logps.json`), log
+/// ORPO's figures, and `eval --pairs --loss` reports their loss without `--reference`.
+#[test]
+fn simpo_and_orpo_train_without_a_reference() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf_with_tokenizer(dir.path());
+    let all =
+        std::fs::read_to_string(repo_root().join("datasets/preference/austen_next_sentence.jsonl"))
+            .unwrap();
+    let pairs = dir.path().join("pairs.jsonl");
+    std::fs::write(&pairs, all.lines().take(24).collect::<Vec<_>>().join("\n")).unwrap();
+    let config = dpo_config(dir.path(), &hf, &pairs, 2);
+    for loss in ["simpo", "orpo"] {
+        let run = dir.path().join(loss);
+        ok(&qwen_burn(
+            &[
+                "train",
+                "--config",
+                s(&config),
+                "--run-dir",
+                s(&run),
+                "--set",
+                &format!("preference.loss=\"{loss}\""),
+            ],
+            &[],
+        ));
+        assert!(!run.join("reference_logps.json").exists(), "{loss}");
+        let records: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let train = records.iter().find(|r| r["split"] == "train").unwrap();
+        let figures = &train["figures"];
+        assert!(figures["rewards/chosen"].is_number(), "{loss}: {train}");
+        assert_eq!(
+            figures["nll_loss"].is_number(),
+            loss == "orpo",
+            "{loss}: {train}"
+        );
+        let out = ok(&qwen_burn(
+            &[
+                "eval",
+                "--model",
+                s(&run),
+                "--pairs",
+                s(&pairs),
+                "--loss",
+                loss,
+            ],
+            &[],
+        ));
+        let eval: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert!(eval["loss"].as_f64().unwrap().is_finite(), "{loss}: {eval}");
+        assert_eq!(eval["loss_type"], loss);
+    }
 }

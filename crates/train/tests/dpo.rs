@@ -1,8 +1,9 @@
 //! DPO against TRL (issue 38): on the pairs and models of `fixtures/dpo` (made by
-//! `make_dpo_fixture.py` with TRL 1.16.0's `DPOTrainer`), each loss (sigmoid, hinge, ipo,
-//! robust), its reward and log-probability figures, and its gradients with respect to four
-//! parameters equal TRL's within 1e-5 (relative to their scale), for a dense model and an MoE
-//! one (router gradients included).
+//! `make_dpo_fixture.py` with TRL 1.16.0's `DPOTrainer`, and its CPO and ORPO trainers' loss
+//! functions), each loss (sigmoid, hinge, ipo, robust, simpo, orpo), its reward and
+//! log-probability figures (and ORPO's), and its gradients with respect to four parameters
+//! equal TRL's within 1e-5 (relative to their scale), for a dense model and an MoE one (router
+//! gradients included).
 
 use std::path::{Path, PathBuf};
 
@@ -100,15 +101,23 @@ fn check(config: &str, fixture: &str) {
         ("hinge", PreferenceLoss::Hinge),
         ("ipo", PreferenceLoss::Ipo),
         ("robust", PreferenceLoss::Robust),
+        ("simpo", PreferenceLoss::Simpo),
+        ("orpo", PreferenceLoss::Orpo),
     ] {
         let want = &expected["losses"][name];
+        assert!(want.is_object(), "{name} missing from {fixture}");
         let config = PreferenceConfig {
             loss: kind,
-            beta,
+            beta: want["beta"].as_f64().unwrap_or(beta),
             label_smoothing: want["label_smoothing"].as_f64().unwrap(),
             ..PreferenceConfig::default()
         };
-        let objective = Preference::with_reference(config, table.clone());
+        // The reference-free losses must not need the table: give them none.
+        let objective = if kind.needs_reference() {
+            Preference::with_reference(config, table.clone())
+        } else {
+            Preference::new(config)
+        };
         let step = Step {
             objective: &objective,
             checkpoint_layers: false,
@@ -144,8 +153,17 @@ fn check(config: &str, fixture: &str) {
             "rewards/accuracies",
             "logps/chosen",
             "logps/rejected",
+            "nll_loss",
+            "log_odds_ratio",
+            "log_odds_chosen",
         ] {
-            let (ours, theirs) = (figures[key], want["metrics"][key].as_f64().unwrap());
+            let Some(theirs) = want["metrics"][key].as_f64() else {
+                assert!(!figures.contains_key(key), "{name}: {key} is not TRL's");
+                continue;
+            };
+            let ours = *figures
+                .get(key)
+                .unwrap_or_else(|| panic!("{name}: no {key} among {figures:?}"));
             assert!(
                 (ours - theirs).abs() <= 1e-5 * theirs.abs().max(1.0),
                 "{name}: {key} {ours} vs TRL {theirs}"

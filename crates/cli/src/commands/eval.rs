@@ -23,18 +23,23 @@ pub struct Args {
     pub task: Option<PathBuf>,
     /// Preference pairs (JSONL in TRL's layouts: prompt/chosen/rejected) to rank: prints one
     /// JSON object with `pairs` and `preference_accuracy` (chosen more likely than rejected);
-    /// with --reference, also `loss`, `reward_accuracy` and `reward_margin`.
+    /// with --reference (or a reference-free --loss), also `loss`, `reward_accuracy` and
+    /// `reward_margin`.
     #[arg(long, conflicts_with = "task")]
     pub pairs: Option<PathBuf>,
     /// With --pairs: the reference model (a path or hub id) of the preference loss and rewards.
     #[arg(long, requires = "pairs")]
     pub reference: Option<PathBuf>,
-    /// With --pairs and --reference: the preference loss (sigmoid, hinge, ipo, robust).
-    #[arg(long, requires = "reference", default_value = "sigmoid", value_parser = preference_loss)]
-    pub loss: qwen_burn_train::config::PreferenceLoss,
-    /// With --pairs and --reference: the loss's beta.
-    #[arg(long, requires = "reference", default_value_t = 0.1)]
+    /// With --pairs: the preference loss (sigmoid, hinge, ipo and robust need --reference;
+    /// simpo and orpo need none).
+    #[arg(long, requires = "pairs", value_parser = preference_loss)]
+    pub loss: Option<qwen_burn_train::config::PreferenceLoss>,
+    /// With --pairs: the loss's beta.
+    #[arg(long, requires = "pairs", default_value_t = 0.1)]
     pub beta: f64,
+    /// With --pairs and --loss simpo: SimPO's gamma (default 0.5).
+    #[arg(long, requires = "loss")]
+    pub gamma: Option<f64>,
     /// With --task: few-shot examples before each question, drawn from the task's other
     /// questions.
     #[arg(long, default_value_t = 0, requires = "task")]
@@ -135,6 +140,7 @@ pub fn run(args: Args) -> Result<()> {
             reference: args.reference.as_deref(),
             loss: args.loss,
             beta: args.beta,
+            gamma: args.gamma,
             batch_pairs: args.batch_size,
         };
         let load = |path: &std::path::Path| {
@@ -271,9 +277,9 @@ fn run_task(
 fn preference_loss(
     s: &str,
 ) -> std::result::Result<qwen_burn_train::config::PreferenceLoss, String> {
-    use qwen_burn_train::config::PreferenceLoss::*;
-    [Sigmoid, Hinge, Ipo, Robust]
+    use qwen_burn_train::config::PreferenceLoss;
+    PreferenceLoss::ALL
         .into_iter()
         .find(|l| l.as_str() == s)
-        .ok_or_else(|| format!("`{s}`: expected sigmoid, hinge, ipo or robust"))
+        .ok_or_else(|| format!("`{s}`: expected sigmoid, hinge, ipo, robust, simpo or orpo"))
 }

@@ -1,38 +1,44 @@
 //! `qwen-burn eval --pairs FILE`: how a model ranks the completions of preference pairs
 //! (TRL's layouts, tokenised as TRL does): `preference_accuracy`, the share of pairs whose
 //! chosen completion has the higher summed log-probability, needs no reference; with
-//! `--reference`, also the preference loss and TRL's reward figures.
+//! `--loss` (and `--reference` for the losses that compare with one), also the preference
+//! loss and TRL's reward figures, over all pairs as one batch.
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use qwen_burn_data::{
     ChatTemplate, PreferenceData, Tok, Truncation, completion_eos, load_preferences,
 };
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_train::config::{PreferenceConfig, PreferenceLoss};
-use qwen_burn_train::objective::preference::{pair_logps, pair_loss};
+use qwen_burn_train::objective::preference::{PairNumbers, mean_loss, pair_logps_whole};
 use serde_json::json;
 
 /// What `--pairs` needs besides the model.
 pub struct PairsArgs<'a> {
     pub pairs: &'a Path,
     pub reference: Option<&'a Path>,
-    pub loss: PreferenceLoss,
+    /// None: `sigmoid` with a reference, else no loss.
+    pub loss: Option<PreferenceLoss>,
     pub beta: f64,
+    pub gamma: Option<f64>,
     pub batch_pairs: usize,
 }
 
 /// `[chosen, rejected]` summed completion log-probabilities of every pair, each row as long as
-/// the longest sequence.
+/// the longest sequence; with `whole`, also each chosen sequence's `[logp, tokens]` over all
+/// its next tokens (ORPO's NLL).
+#[allow(clippy::type_complexity)]
 fn logps(
     model: &Qwen3ForCausalLM,
     data: &PreferenceData,
     pad: u32,
     batch: usize,
     device: &Device,
-) -> Result<Vec<[f64; 2]>> {
+    whole: bool,
+) -> Result<(Vec<[f64; 2]>, Option<Vec<[f64; 2]>>)> {
     let seq_len = data
         .pairs
         .iter()
@@ -40,7 +46,9 @@ fn logps(
         .max()
         .unwrap_or(1)
         .max(1);
-    Ok(pair_logps(model, data, seq_len, pad, batch, device)?)
+    Ok(pair_logps_whole(
+        model, data, seq_len, pad, batch, device, whole,
+    )?)
 }
 
 pub fn run_pairs(
@@ -50,6 +58,15 @@ pub fn run_pairs(
     device: &Device,
     load_reference: impl Fn(&Path) -> Result<Qwen3ForCausalLM>,
 ) -> Result<()> {
+    let loss = match (args.loss, args.reference) {
+        (Some(loss), None) if loss.needs_reference() => bail!(
+            "--loss {} compares with a reference model: pass --reference (simpo and orpo need none)",
+            loss.as_str()
+        ),
+        (Some(loss), _) => Some(loss),
+        (None, Some(_)) => Some(PreferenceLoss::Sigmoid),
+        (None, None) => None,
+    };
     let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
     let eos = completion_eos(tok, &template)?;
     let data = load_preferences(
@@ -62,7 +79,8 @@ pub fn run_pairs(
     )
     .with_context(|| format!("reading {}", args.pairs.display()))?;
     let pad = tok.require_eos()?;
-    let policy = logps(model, &data, pad, args.batch_pairs, device)?;
+    let orpo = loss == Some(PreferenceLoss::Orpo);
+    let (policy, whole) = logps(model, &data, pad, args.batch_pairs, device, orpo)?;
     let n = policy.len() as f64;
     let mean = |f: &dyn Fn(usize) -> f64| (0..policy.len()).map(f).sum::<f64>() / n;
     let mut out = json!({
@@ -71,38 +89,56 @@ pub fn run_pairs(
         "logps_chosen": mean(&|i| policy[i][0]),
         "logps_rejected": mean(&|i| policy[i][1]),
     });
-    if let Some(path) = args.reference {
-        let reference_model = load_reference(path)?;
-        let reference = logps(&reference_model, &data, pad, args.batch_pairs, device)?;
+    if let Some(loss) = loss {
         let config = PreferenceConfig {
-            loss: args.loss,
+            loss,
             beta: args.beta,
+            gamma: args.gamma,
             ..PreferenceConfig::default()
         };
-        let tokens: Vec<[f64; 2]> = data
+        config.check()?;
+        let reference = match args.reference {
+            Some(path) if loss.needs_reference() => {
+                let reference_model = load_reference(path)?;
+                Some(
+                    logps(
+                        &reference_model,
+                        &data,
+                        pad,
+                        args.batch_pairs,
+                        device,
+                        false,
+                    )?
+                    .0,
+                )
+            }
+            _ => None,
+        };
+        let numbers: Vec<PairNumbers> = data
             .pairs
             .iter()
-            .map(|p| {
-                [
+            .enumerate()
+            .map(|(i, p)| PairNumbers {
+                policy: policy[i],
+                reference: reference.as_ref().map(|r| r[i]),
+                tokens: [
                     p.chosen.completion().len() as f64,
                     p.rejected.completion().len() as f64,
-                ]
+                ],
+                chosen_whole: whole.as_ref().map(|w| w[i]),
             })
             .collect();
-        let reward = |i: usize, k: usize| args.beta * (policy[i][k] - reference[i][k]);
-        out["loss_type"] = json!(args.loss.as_str());
+        let rewards: Vec<[f64; 2]> = numbers.iter().filter_map(|n| n.rewards(&config)).collect();
+        out["loss_type"] = json!(loss.as_str());
         out["beta"] = json!(args.beta);
-        out["loss"] = json!(mean(&|i| pair_loss(
-            &config,
-            policy[i][0],
-            policy[i][1],
-            reference[i][0],
-            reference[i][1],
-            tokens[i][0],
-            tokens[i][1]
-        )));
-        out["reward_accuracy"] = json!(mean(&|i| f64::from(u8::from(reward(i, 0) > reward(i, 1)))));
-        out["reward_margin"] = json!(mean(&|i| reward(i, 0) - reward(i, 1)));
+        if loss == PreferenceLoss::Simpo {
+            out["gamma"] = json!(config.simpo_gamma());
+        }
+        out["loss"] = json!(mean_loss(&config, &numbers));
+        out["reward_accuracy"] = json!(mean(&|i| f64::from(u8::from(
+            rewards[i][0] > rewards[i][1]
+        ))));
+        out["reward_margin"] = json!(mean(&|i| rewards[i][0] - rewards[i][1]));
     }
     println!("{out}");
     Ok(())

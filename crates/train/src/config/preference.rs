@@ -3,15 +3,19 @@
 use serde::{Deserialize, Serialize};
 
 /// `[preference]`: how pairs of chosen and rejected completions train the model (TRL 1.16.0's
-/// `DPOTrainer` losses, with its defaults).
+/// `DPOTrainer` losses, its `CPOTrainer`'s SimPO and its `ORPOTrainer`, with their defaults).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PreferenceConfig {
-    /// `sigmoid` (DPO), `hinge` (SLiC), `ipo` (length-normalised, as TRL), or `robust` (DPO
-    /// with label smoothing).
+    /// `sigmoid` (DPO), `hinge` (SLiC), `ipo` (length-normalised, as TRL), `robust` (DPO
+    /// with label smoothing), or the reference-free `simpo` and `orpo`.
     pub loss: PreferenceLoss,
-    /// The temperature of the implicit reward (`beta * log-ratio`); IPO's regularisation.
+    /// The temperature of the implicit reward (`beta * log-ratio`); IPO's regularisation;
+    /// SimPO's reward scale; ORPO's weight of the odds-ratio term (TRL's `beta`).
     pub beta: f64,
+    /// SimPO's target reward margin (TRL's `simpo_gamma`, 0.5 when unset); read by `simpo`
+    /// only.
+    pub gamma: Option<f64>,
     /// The assumed share of flipped labels, for `robust`; in [0, 0.5).
     pub label_smoothing: f64,
     /// Which end of a sequence longer than `training.seq_len` tokens is kept:
@@ -24,6 +28,7 @@ impl Default for PreferenceConfig {
         Self {
             loss: PreferenceLoss::Sigmoid,
             beta: 0.1,
+            gamma: None,
             label_smoothing: 0.0,
             truncation: TruncationMode::KeepStart,
         }
@@ -43,6 +48,12 @@ pub enum PreferenceLoss {
     Ipo,
     /// Robust DPO with `label_smoothing`.
     Robust,
+    /// SimPO (reference-free), on mean per-token log-probabilities `a`:
+    /// `-log sigmoid(beta (a_c - a_r) - gamma)`.
+    Simpo,
+    /// ORPO (reference-free): the chosen completions' token-mean NLL minus
+    /// `beta * log sigmoid(log-odds ratio)` of the mean per-token probabilities.
+    Orpo,
 }
 
 impl PreferenceLoss {
@@ -53,7 +64,35 @@ impl PreferenceLoss {
             PreferenceLoss::Hinge => "hinge",
             PreferenceLoss::Ipo => "ipo",
             PreferenceLoss::Robust => "robust",
+            PreferenceLoss::Simpo => "simpo",
+            PreferenceLoss::Orpo => "orpo",
         }
+    }
+
+    /// Every loss, in the order of the docs.
+    pub const ALL: [PreferenceLoss; 6] = [
+        PreferenceLoss::Sigmoid,
+        PreferenceLoss::Hinge,
+        PreferenceLoss::Ipo,
+        PreferenceLoss::Robust,
+        PreferenceLoss::Simpo,
+        PreferenceLoss::Orpo,
+    ];
+
+    /// Whether the loss compares with a reference model's log-probabilities (all but `simpo`
+    /// and `orpo`).
+    pub fn needs_reference(self) -> bool {
+        !matches!(self, PreferenceLoss::Simpo | PreferenceLoss::Orpo)
+    }
+}
+
+/// SimPO's `gamma` when `preference.gamma` is unset (TRL's `CPOConfig.simpo_gamma`).
+pub const DEFAULT_SIMPO_GAMMA: f64 = 0.5;
+
+impl PreferenceConfig {
+    /// SimPO's target margin.
+    pub fn simpo_gamma(&self) -> f64 {
+        self.gamma.unwrap_or(DEFAULT_SIMPO_GAMMA)
     }
 }
 
@@ -92,6 +131,23 @@ impl PreferenceConfig {
                     self.loss.as_str()
                 ),
             ));
+        }
+        if let Some(gamma) = self.gamma {
+            if self.loss != PreferenceLoss::Simpo {
+                return Err(TrainError::config(
+                    "preference.gamma",
+                    format!(
+                        "is read by loss = \"simpo\" only, not \"{}\"; remove it or use simpo",
+                        self.loss.as_str()
+                    ),
+                ));
+            }
+            if !gamma.is_finite() {
+                return Err(TrainError::config(
+                    "preference.gamma",
+                    format!("is {gamma}; it must be a finite number"),
+                ));
+            }
         }
         Ok(())
     }

@@ -14,14 +14,22 @@
 //! tokens; `robust` `(-(1 - e) log sigmoid(beta delta) + e log sigmoid(-beta delta)) / (1 - 2e)`.
 //! The step's loss is their mean over its pairs. Figures under TRL's names: `rewards/chosen`
 //! (`beta (logp_c - ref_c)`), `rewards/rejected`, `rewards/margins`, `rewards/accuracies`,
-//! `logps/chosen`, `logps/rejected`, each a mean over pairs.
+//! `logps/chosen`, `logps/rejected` (summed log-probabilities), each a mean over pairs.
+//!
+//! The reference-free losses, as TRL's `CPOTrainer` (`loss_type = "simpo"`, `cpo_alpha = 0`)
+//! and `ORPOTrainer` compute them, work on mean per-token log-probabilities `a = logp / n`:
+//! `simpo` `-log sigmoid(beta (a_c - a_r) - gamma)`; `orpo` the token-mean NLL of the chosen
+//! completions (TRL's `nll_loss`) plus the mean of `-beta log sigmoid(lor)`, with
+//! `lor = (a_c - a_r) - (log(1 - e^a_c) - log(1 - e^a_r))` (`log_odds_chosen`;
+//! `log_odds_ratio` is the mean of `log sigmoid(lor)`). Their rewards are `beta a`. Neither
+//! computes a reference.
 
 use std::path::Path;
 use std::sync::OnceLock;
 
 use burn::module::Module;
 use burn::tensor::activation::{log_sigmoid, relu};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{Batch, PreferenceData};
 use qwen_burn_model::Qwen3ForCausalLM;
 
@@ -31,7 +39,10 @@ use crate::error::{Result, TrainError};
 use crate::run::data::DataPipeline;
 use crate::step::batch::{batch_documents, input_tensors, target_tensor};
 
+mod numbers;
 mod reference;
+
+pub use numbers::{PairNumbers, chosen_nll, log_odds_ratio, mean_loss, neg_log_sigmoid};
 
 /// The preference objective of a run.
 pub struct Preference {
@@ -56,6 +67,22 @@ impl Preference {
         let _ = objective.reference.set(reference);
         objective
     }
+
+    /// The reference log-probabilities of pair `id`: None for a reference-free loss; an error
+    /// when the loss needs them and they are not there.
+    fn reference_of(&self, id: u32) -> Result<Option<[f64; 2]>> {
+        if !self.config.loss.needs_reference() {
+            return Ok(None);
+        }
+        let table = self.reference.get().ok_or_else(|| {
+            TrainError::Other("a preference loss before the reference log-probabilities".into())
+        })?;
+        table
+            .get(id as usize)
+            .copied()
+            .map(Some)
+            .ok_or_else(|| TrainError::Other(format!("pair {id} is beyond the reference table")))
+    }
 }
 
 /// The summed log-probability of each row's target tokens (its completion), `[rows]`, from
@@ -68,7 +95,11 @@ pub fn sequence_logps(
     batch: &Batch,
     device: &Device,
 ) -> Tensor<1> {
-    let targets = target_tensor(batch, device);
+    rows_logps(model, hidden, target_tensor(batch, device))
+}
+
+/// The summed log-probability of each row's `targets` (`-1`: none), `[rows]`, row by row.
+fn rows_logps(model: &Qwen3ForCausalLM, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let [b, t, h] = hidden.dims();
     let rows = (0..b)
         .map(|r| {
@@ -81,12 +112,70 @@ pub fn sequence_logps(
     Tensor::cat(rows, 0)
 }
 
-/// [`sequence_logps`] of `batch` through a model without autodiff (the reference).
+/// ORPO's NLL targets for the first `rows` rows of a preference batch (its chosen sequences):
+/// every next token, prompt and completion, as TRL's `ORPOTrainer` takes them; and their count.
+fn whole_targets(batch: &Batch, rows: usize, device: &Device) -> (Tensor<2, Int>, usize) {
+    let t = batch.seq_len;
+    let real = |i: usize| batch.attention_mask.as_ref().is_none_or(|m| m[i] == 1);
+    let targets: Vec<i64> = (0..rows * t)
+        .map(|i| {
+            if i % t + 1 < t && real(i) && real(i + 1) {
+                i64::from(batch.inputs[i + 1])
+            } else {
+                qwen_burn_data::IGNORE_INDEX
+            }
+        })
+        .collect();
+    let count = targets.iter().filter(|&&x| x >= 0).count();
+    (
+        Tensor::from_data(TensorData::new(targets, [rows, t]), device),
+        count,
+    )
+}
+
+/// Summed completion log-probabilities of `batch`'s rows through a model without autodiff (the
+/// reference, validation, `eval --pairs`); with `whole`, also each chosen sequence's summed
+/// log-probability of all its next tokens and their count (ORPO's NLL).
 pub fn batch_logps(model: &Qwen3ForCausalLM, batch: &Batch, device: &Device) -> Result<Vec<f64>> {
+    Ok(batch_logps_whole(model, batch, device, false)?.0)
+}
+
+/// [`batch_logps`], and with `whole` the chosen rows' `[logp, tokens]` over all next tokens.
+pub fn batch_logps_whole(
+    model: &Qwen3ForCausalLM,
+    batch: &Batch,
+    device: &Device,
+    whole: bool,
+) -> Result<(Vec<f64>, Option<Vec<[f64; 2]>>)> {
     let (inputs, mask) = input_tensors(batch, device);
     let docs = batch_documents(batch)?;
     let (hidden, _) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
-    read(sequence_logps(model, hidden, batch, device))
+    let logps = read(sequence_logps(model, hidden.clone(), batch, device))?;
+    if !whole {
+        return Ok((logps, None));
+    }
+    let p = batch.batch_size / 2;
+    let [_, t, h] = hidden.dims();
+    let (targets, _) = whole_targets(batch, p, device);
+    let chosen = read(rows_logps(
+        model,
+        hidden.slice([0..p, 0..t, 0..h]),
+        targets.clone(),
+    ))?;
+    let counts = targets.greater_equal_elem(0).int().sum_dim(1).reshape([p]);
+    let counts = counts
+        .try_into_vec_as::<i64>()
+        .map_err(|e| TrainError::Device(format!("{e:?}")))?;
+    Ok((
+        logps,
+        Some(
+            chosen
+                .iter()
+                .zip(counts)
+                .map(|(&l, n)| [l, n as f64])
+                .collect(),
+        ),
+    ))
 }
 
 /// `[chosen, rejected]` summed completion log-probabilities of every pair of `data`, scored
@@ -100,14 +189,31 @@ pub fn pair_logps(
     per_forward: usize,
     device: &Device,
 ) -> Result<Vec<[f64; 2]>> {
+    Ok(pair_logps_whole(model, data, seq_len, pad, per_forward, device, false)?.0)
+}
+
+/// [`pair_logps`], and with `whole` each chosen sequence's `[logp, tokens]` over all its next
+/// tokens (ORPO's NLL).
+#[allow(clippy::type_complexity)]
+pub fn pair_logps_whole(
+    model: &Qwen3ForCausalLM,
+    data: &PreferenceData,
+    seq_len: usize,
+    pad: u32,
+    per_forward: usize,
+    device: &Device,
+    whole: bool,
+) -> Result<(Vec<[f64; 2]>, Option<Vec<[f64; 2]>>)> {
     let ids: Vec<usize> = (0..data.pairs.len()).collect();
-    let mut out = Vec::with_capacity(ids.len());
+    let (mut out, mut wholes) = (Vec::with_capacity(ids.len()), Vec::new());
     for chunk in ids.chunks(per_forward.max(1)) {
-        let logps = batch_logps(model, &data.batch(chunk, seq_len, pad, 0), device)?;
+        let batch = data.batch(chunk, seq_len, pad, 0);
+        let (logps, w) = batch_logps_whole(model, &batch, device, whole)?;
         let p = chunk.len();
         out.extend((0..p).map(|i| [logps[i], logps[p + i]]));
+        wholes.extend(w.unwrap_or_default());
     }
-    Ok(out)
+    Ok((out, whole.then_some(wholes)))
 }
 
 fn read(t: Tensor<1>) -> Result<Vec<f64>> {
@@ -139,51 +245,58 @@ impl Objective for Preference {
     }
 
     fn prepare(&self, model: &Qwen3ForCausalLM, data: &DataPipeline, run_dir: &Path) -> Result<()> {
+        if !self.config.loss.needs_reference() {
+            return Ok(());
+        }
         let table = reference::load_or_compute(&model.valid(), data, run_dir)?;
         let _ = self.reference.set(table);
         Ok(())
     }
 
-    /// On the validation pairs: the preference loss, `rewards/accuracies`, `rewards/margins`,
-    /// and `preference_accuracy` (chosen more likely than rejected, no reference needed), means
-    /// over the pairs.
+    /// On the validation pairs, as one batch holding them all: the preference loss,
+    /// `rewards/accuracies`, `rewards/margins`, and `preference_accuracy` (chosen more likely
+    /// than rejected, no reference needed).
     fn validate(
         &self,
         model: &Qwen3ForCausalLM,
         batches: &[Batch],
         device: &Device,
     ) -> Result<std::collections::BTreeMap<String, f64>> {
-        let table = self.reference.get().ok_or_else(|| {
-            TrainError::Other("preference validation before the reference log-probabilities".into())
-        })?;
-        let (mut loss, mut acc, mut margin, mut pref, mut n) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let mut pairs = Vec::new();
         for batch in batches {
-            let Some(pairs) = batch.pairs.as_deref() else {
+            let Some(ids) = batch.pairs.as_deref() else {
                 continue;
             };
-            let logps = batch_logps(model, batch, device)?;
+            let orpo = self.config.loss == PreferenceLoss::Orpo;
+            let (logps, whole) = batch_logps_whole(model, batch, device, orpo)?;
             let tokens = completion_tokens(batch);
-            let p = pairs.len();
-            for (i, &id) in pairs.iter().enumerate() {
-                let [rc, rr] = *table.get(id as usize).ok_or_else(|| {
-                    TrainError::Other("a validation pair beyond the reference table".into())
-                })?;
-                let (c, r) = (logps[i], logps[p + i]);
-                loss += pair_loss(&self.config, c, r, rc, rr, tokens[i], tokens[p + i]);
-                let m = self.config.beta * ((c - rc) - (r - rr));
-                acc += f64::from(u8::from(m > 0.0));
-                margin += m;
-                pref += f64::from(u8::from(c > r));
-                n += 1.0;
+            let p = ids.len();
+            for (i, &id) in ids.iter().enumerate() {
+                pairs.push(PairNumbers {
+                    policy: [logps[i], logps[p + i]],
+                    reference: self.reference_of(id)?,
+                    tokens: [tokens[i], tokens[p + i]],
+                    chosen_whole: whole.as_ref().map(|w| w[i]),
+                });
             }
         }
         let mut out = std::collections::BTreeMap::new();
-        if n > 0.0 {
-            out.insert("preference/loss".to_string(), loss / n);
-            out.insert("rewards/accuracies".to_string(), acc / n);
-            out.insert("rewards/margins".to_string(), margin / n);
-            out.insert("preference_accuracy".to_string(), pref / n);
+        let Some(loss) = mean_loss(&self.config, &pairs) else {
+            return Ok(out);
+        };
+        let n = pairs.len() as f64;
+        let (mut acc, mut margin, mut pref) = (0.0, 0.0, 0.0);
+        for pair in &pairs {
+            if let Some([c, r]) = pair.rewards(&self.config) {
+                acc += f64::from(u8::from(c > r));
+                margin += c - r;
+            }
+            pref += f64::from(u8::from(pair.policy[0] > pair.policy[1]));
         }
+        out.insert("preference/loss".to_string(), loss);
+        out.insert("rewards/accuracies".to_string(), acc / n);
+        out.insert("rewards/margins".to_string(), margin / n);
+        out.insert("preference_accuracy".to_string(), pref / n);
         Ok(out)
     }
 
@@ -195,123 +308,127 @@ impl Objective for Preference {
         device: &Device,
         step_units: f64,
     ) -> Result<ObjectiveLoss> {
-        let table = self.reference.get().ok_or_else(|| {
-            TrainError::Other("preference loss before the reference log-probabilities".into())
-        })?;
-        let pairs = batch.pairs.as_deref().ok_or_else(|| {
+        let ids = batch.pairs.as_deref().ok_or_else(|| {
             TrainError::Other("a preference step got a batch without pairs".into())
         })?;
-        let p = pairs.len();
-        let refs: Vec<[f64; 2]> = pairs
+        let p = ids.len();
+        let refs: Vec<Option<[f64; 2]>> = ids
             .iter()
-            .map(|&i| table.get(i as usize).copied())
-            .collect::<Option<_>>()
-            .ok_or_else(|| TrainError::Other("a pair id beyond the reference table".into()))?;
-        let column = |k: usize| {
-            let v: Vec<f32> = refs.iter().map(|r| r[k] as f32).collect();
+            .map(|&id| self.reference_of(id))
+            .collect::<Result<_>>()?;
+        let vector = |v: Vec<f64>| {
+            let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
             Tensor::<1>::from_data(TensorData::new(v, [p]), device)
+        };
+        let column = |k: usize| vector(refs.iter().map(|r| r.map_or(0.0, |r| r[k])).collect());
+        let tokens = completion_tokens(batch);
+        let chosen_hidden = {
+            let [_, t, h] = hidden.dims();
+            hidden.clone().slice([0..p, 0..t, 0..h])
         };
         let logps = sequence_logps(model, hidden, batch, device);
         let chosen = logps.clone().slice(0..p);
         let rejected = logps.slice(p..2 * p);
-        let chosen_ratio = chosen.clone() - column(0);
-        let rejected_ratio = rejected.clone() - column(1);
         let beta = self.config.beta;
-        let delta = chosen_ratio.clone() - rejected_ratio.clone();
-        let per_pair = match self.config.loss {
-            PreferenceLoss::Sigmoid => log_sigmoid(delta * beta).neg(),
-            PreferenceLoss::Hinge => relu(delta.mul_scalar(-beta).add_scalar(1.0)),
+        // Mean per-token log-probabilities, for the length-normalised losses.
+        let means = || {
+            (
+                chosen.clone() / vector(tokens[..p].to_vec()),
+                rejected.clone() / vector(tokens[p..].to_vec()),
+            )
+        };
+        let chosen_ratio = || chosen.clone() - column(0);
+        let rejected_ratio = || rejected.clone() - column(1);
+        let delta = || chosen_ratio() - rejected_ratio();
+        let mut extra = Vec::new();
+        let sum = match self.config.loss {
+            PreferenceLoss::Sigmoid => log_sigmoid(delta() * beta).neg().sum(),
+            PreferenceLoss::Hinge => relu(delta().mul_scalar(-beta).add_scalar(1.0)).sum(),
             PreferenceLoss::Ipo => {
-                let n = completion_tokens(batch);
-                let counts = |r: std::ops::Range<usize>| {
-                    let v: Vec<f32> = n[r].iter().map(|&x| x as f32).collect();
-                    Tensor::<1>::from_data(TensorData::new(v, [p]), device)
-                };
-                let d =
-                    chosen_ratio.clone() / counts(0..p) - rejected_ratio.clone() / counts(p..2 * p);
-                d.sub_scalar(1.0 / (2.0 * beta)).powi_scalar(2)
+                let counts = |r: std::ops::Range<usize>| vector(tokens[r].to_vec());
+                let d = chosen_ratio() / counts(0..p) - rejected_ratio() / counts(p..2 * p);
+                d.sub_scalar(1.0 / (2.0 * beta)).powi_scalar(2).sum()
             }
             PreferenceLoss::Robust => {
                 let e = self.config.label_smoothing;
-                let clean = log_sigmoid(delta.clone() * beta).mul_scalar(-(1.0 - e));
-                let flipped = log_sigmoid(delta * (-beta)).mul_scalar(-e);
-                (clean - flipped).div_scalar(1.0 - 2.0 * e)
+                let clean = log_sigmoid(delta() * beta).mul_scalar(-(1.0 - e));
+                let flipped = log_sigmoid(delta() * (-beta)).mul_scalar(-e);
+                (clean - flipped).div_scalar(1.0 - 2.0 * e).sum()
+            }
+            PreferenceLoss::Simpo => {
+                let (ac, ar) = means();
+                let logits = (ac - ar)
+                    .mul_scalar(beta)
+                    .sub_scalar(self.config.simpo_gamma());
+                log_sigmoid(logits).neg().sum()
+            }
+            PreferenceLoss::Orpo => {
+                let (ac, ar) = means();
+                let log1m = |a: Tensor<1>| a.exp().neg().log1p();
+                let lor = (ac.clone() - ar.clone()) - (log1m(ac) - log1m(ar));
+                let ratio = log_sigmoid(lor.clone());
+                // The micro-batch's token-mean NLL of its chosen sequences (prompt and
+                // completion, as TRL) counts once per pair, so the step's mean over pairs gives
+                // TRL's mean over micro-batches.
+                let (targets, count) = whole_targets(batch, p, device);
+                let nll = rows_logps(model, chosen_hidden, targets)
+                    .sum()
+                    .neg()
+                    .div_scalar(count.max(1) as f64);
+                let all = |name, t: Tensor<1>| -> Result<Figure> {
+                    Ok(Figure {
+                        name,
+                        sum: read(t)?.iter().sum(),
+                        count: p as f64,
+                    })
+                };
+                extra.push(all("nll_loss", nll.clone().mul_scalar(p as f64))?);
+                extra.push(all("log_odds_ratio", ratio.clone())?);
+                extra.push(all("log_odds_chosen", lor)?);
+                nll.mul_scalar(p as f64) - ratio.sum().mul_scalar(beta)
             }
         };
-        let sum = per_pair.sum();
         let (c, r) = (read(chosen)?, read(rejected)?);
-        let (rc, rr): (Vec<f64>, Vec<f64>) = (
-            c.iter()
-                .zip(&refs)
-                .map(|(x, r)| beta * (x - r[0]))
-                .collect(),
-            r.iter()
-                .zip(&refs)
-                .map(|(x, r)| beta * (x - r[1]))
-                .collect(),
-        );
+        let numbers: Vec<PairNumbers> = (0..p)
+            .map(|i| PairNumbers {
+                policy: [c[i], r[i]],
+                reference: refs[i],
+                tokens: [tokens[i], tokens[p + i]],
+                chosen_whole: None,
+            })
+            .collect();
+        let rewards: Vec<[f64; 2]> = numbers
+            .iter()
+            .map(|n| n.rewards(&self.config))
+            .collect::<Option<_>>()
+            .ok_or_else(|| TrainError::Other("preference rewards without a reference".into()))?;
         let figure = |name, values: Vec<f64>| Figure {
             name,
             sum: values.iter().sum(),
             count: p as f64,
         };
-        let figures = vec![
-            figure("rewards/chosen", rc.clone()),
-            figure("rewards/rejected", rr.clone()),
+        let mut figures = vec![
+            figure("rewards/chosen", rewards.iter().map(|x| x[0]).collect()),
+            figure("rewards/rejected", rewards.iter().map(|x| x[1]).collect()),
             figure(
                 "rewards/margins",
-                rc.iter().zip(&rr).map(|(a, b)| a - b).collect(),
+                rewards.iter().map(|x| x[0] - x[1]).collect(),
             ),
             figure(
                 "rewards/accuracies",
-                rc.iter()
-                    .zip(&rr)
-                    .map(|(a, b)| f64::from(u8::from(a > b)))
+                rewards
+                    .iter()
+                    .map(|x| f64::from(u8::from(x[0] > x[1])))
                     .collect(),
             ),
             figure("logps/chosen", c),
             figure("logps/rejected", r),
         ];
+        figures.extend(extra);
         Ok(ObjectiveLoss {
             loss: sum.clone() / step_units,
             sum,
             figures,
         })
-    }
-}
-
-/// One pair's loss in f64 (what `eval --pairs` reports; the training loss computes the same on
-/// tensors): `c`, `r` the policy's, `rc`, `rr` the reference's log-probabilities, `nc`, `nr`
-/// the completions' token counts.
-#[allow(clippy::too_many_arguments)]
-pub fn pair_loss(
-    config: &PreferenceConfig,
-    c: f64,
-    r: f64,
-    rc: f64,
-    rr: f64,
-    nc: f64,
-    nr: f64,
-) -> f64 {
-    let beta = config.beta;
-    let delta = (c - rc) - (r - rr);
-    // -log sigmoid(x) = log(1 + e^-x), computed without overflow.
-    let nls = |x: f64| {
-        if x > 0.0 {
-            (-x).exp().ln_1p()
-        } else {
-            -x + x.exp().ln_1p()
-        }
-    };
-    match config.loss {
-        PreferenceLoss::Sigmoid => nls(beta * delta),
-        PreferenceLoss::Hinge => (1.0 - beta * delta).max(0.0),
-        PreferenceLoss::Ipo => {
-            ((c - rc) / nc.max(1.0) - (r - rr) / nr.max(1.0) - 1.0 / (2.0 * beta)).powi(2)
-        }
-        PreferenceLoss::Robust => {
-            let e = config.label_smoothing;
-            ((1.0 - e) * nls(beta * delta) - e * nls(-beta * delta)) / (1.0 - 2.0 * e)
-        }
     }
 }
