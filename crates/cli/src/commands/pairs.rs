@@ -13,7 +13,7 @@ use qwen_burn_data::{
 };
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_train::config::{PreferenceConfig, PreferenceLoss};
-use qwen_burn_train::objective::preference::{PairNumbers, mean_loss, pair_logps_whole};
+use qwen_burn_train::objective::preference::{PairNumbers, Wholes, mean_loss, pair_logps_whole};
 use serde_json::json;
 
 /// What `--pairs` needs besides the model.
@@ -30,7 +30,6 @@ pub struct PairsArgs<'a> {
 /// `[chosen, rejected]` summed completion log-probabilities of every pair, each row as long as
 /// the longest sequence; with `whole`, also each chosen sequence's `[logp, tokens]` over all
 /// its next tokens (ORPO's NLL).
-#[allow(clippy::type_complexity)]
 fn logps(
     model: &Qwen3ForCausalLM,
     data: &PreferenceData,
@@ -38,7 +37,7 @@ fn logps(
     batch: usize,
     device: &Device,
     whole: bool,
-) -> Result<(Vec<[f64; 2]>, Option<Vec<[f64; 2]>>)> {
+) -> Result<(Vec<[f64; 2]>, Option<Wholes>)> {
     let seq_len = data
         .pairs
         .iter()

@@ -112,6 +112,9 @@ fn rows_logps(model: &Qwen3ForCausalLM, hidden: Tensor<3>, targets: Tensor<2, In
     Tensor::cat(rows, 0)
 }
 
+/// Chosen sequences' `[summed log-probability, tokens]` over all their next tokens.
+pub type Wholes = Vec<[f64; 2]>;
+
 /// ORPO's NLL targets for the first `rows` rows of a preference batch (its chosen sequences):
 /// every next token, prompt and completion, as TRL's `ORPOTrainer` takes them; and their count.
 fn whole_targets(batch: &Batch, rows: usize, device: &Device) -> (Tensor<2, Int>, usize) {
@@ -146,7 +149,7 @@ pub fn batch_logps_whole(
     batch: &Batch,
     device: &Device,
     whole: bool,
-) -> Result<(Vec<f64>, Option<Vec<[f64; 2]>>)> {
+) -> Result<(Vec<f64>, Option<Wholes>)> {
     let (inputs, mask) = input_tensors(batch, device);
     let docs = batch_documents(batch)?;
     let (hidden, _) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
@@ -194,7 +197,6 @@ pub fn pair_logps(
 
 /// [`pair_logps`], and with `whole` each chosen sequence's `[logp, tokens]` over all its next
 /// tokens (ORPO's NLL).
-#[allow(clippy::type_complexity)]
 pub fn pair_logps_whole(
     model: &Qwen3ForCausalLM,
     data: &PreferenceData,
@@ -203,7 +205,7 @@ pub fn pair_logps_whole(
     per_forward: usize,
     device: &Device,
     whole: bool,
-) -> Result<(Vec<[f64; 2]>, Option<Vec<[f64; 2]>>)> {
+) -> Result<(Vec<[f64; 2]>, Option<Wholes>)> {
     let ids: Vec<usize> = (0..data.pairs.len()).collect();
     let (mut out, mut wholes) = (Vec::with_capacity(ids.len()), Vec::new());
     for chunk in ids.chunks(per_forward.max(1)) {
