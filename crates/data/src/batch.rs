@@ -34,9 +34,10 @@ pub struct Batch {
     /// start (HF `position_ids` of packed rows; a row's trailing padding is a document of its
     /// own). Documents of a row then never see each other. `None`: one document per row.
     pub positions: Option<Vec<u32>>,
-    /// Preference batches: the index of each pair in its data; the first half of the rows are
-    /// the pairs' chosen sequences, the second half their rejected ones, in this order. `None`
-    /// for every other batch.
+    /// The ids of the items the rows belong to. Preference batches: the index of each pair in
+    /// its data; the first half of the rows are the pairs' chosen sequences, the second half
+    /// their rejected ones, in this order. RL prompt batches: each row's prompt; RL training
+    /// rows: each row's index in its rollout. `None` for every other batch.
     pub pairs: Option<Vec<u32>>,
 }
 

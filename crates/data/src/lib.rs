@@ -12,6 +12,7 @@
 //! - [`prefetch`]: [`Prefetcher`], batches built on a background thread.
 //! - [`tasks`]: multiple-choice benchmark files ([`McTask`]) in the common layouts.
 //! - [`chat`]: Qwen chat template, assistant-only loss mask, [`SftDataset`], [`SftSampler`].
+//! - [`prompts`]: RL prompts with reference answers ([`PromptSet`], [`load_prompts`]).
 //!
 //! This crate depends on no other workspace crate and not on burn: batches are plain
 //! row-major vectors that the trainer turns into tensors.
@@ -25,6 +26,7 @@ pub mod parquet_source;
 pub mod preference;
 pub mod prefetch;
 pub mod prepare;
+pub mod prompts;
 pub mod sampler;
 pub mod shards;
 pub mod tasks;
@@ -41,6 +43,7 @@ pub use preference::{
 };
 pub use prefetch::{PrefetchStats, Prefetcher};
 pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};
+pub use prompts::{PromptItem, PromptSet, load_prompts};
 pub use sampler::{WindowSampler, eval_batches};
 pub use shards::{ShardFile, ShardMeta, SourceMeta, Split, SplitMeta, TokenStore};
 pub use tasks::{Layout, McItem, McTask, read_task};

@@ -5,10 +5,13 @@
 //! equal TRL's within 1e-5 (relative to their scale), for a dense model and an MoE one (router
 //! gradients included).
 
+mod common;
+use common::assert_grads_equal_hf;
+
 use std::path::{Path, PathBuf};
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Device, Tensor};
+use burn::module::Module;
+use burn::tensor::Device;
 use qwen_burn_data::{ChatTemplate, Tok, Truncation, load_preferences};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_train::RunConfig;
@@ -22,39 +25,10 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dpo")
 }
 
-/// Every float parameter by its path (Burn's module names, which are HF's keys).
-fn param_ids(model: &Qwen3ForCausalLM) -> Vec<(String, ParamId)> {
-    struct All(Vec<String>, Vec<(String, ParamId)>);
-    impl ModuleVisitor for All {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.0.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.0.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            // The enum variant of a layer's feed-forward (`mlp.Dense`, `mlp.Sparse`) is no HF key.
-            let path = self
-                .0
-                .join(".")
-                .replace(".Dense.", ".")
-                .replace(".Sparse.", ".");
-            self.1.push((path, param.id));
-        }
-    }
-    let mut all = All(Vec::new(), Vec::new());
-    model.visit(&mut all);
-    all.1
-}
-
 fn model(file: &str, seed: u64, device: &Device) -> Qwen3ForCausalLM {
     let mut config = RunConfig::load(&fixtures().join(file), &[]).unwrap();
     config.training.seed = seed;
     build_model(&config, device).unwrap()
-}
-
-fn max_abs(v: &[f32]) -> f32 {
-    v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
 }
 
 #[test]
@@ -94,7 +68,6 @@ fn check(config: &str, fixture: &str) {
     let batch = data.batch(&(0..n).collect::<Vec<_>>(), longest, pad, 0);
     let ref_logps = batch_logps(&reference, &batch, &device.clone().without_autodiff()).unwrap();
     let table: Vec<[f64; 2]> = (0..n).map(|i| [ref_logps[i], ref_logps[n + i]]).collect();
-    let ids = param_ids(&policy);
     let beta = expected["beta"].as_f64().unwrap();
     for (name, kind) in [
         ("sigmoid", PreferenceLoss::Sigmoid),
@@ -169,46 +142,6 @@ fn check(config: &str, fixture: &str) {
                 "{name}: {key} {ours} vs TRL {theirs}"
             );
         }
-        for (param, values) in want["grads"].as_object().unwrap() {
-            let theirs: Vec<f32> = values
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect();
-            let id = ids
-                .iter()
-                .find(|(p, _)| p == param)
-                .unwrap_or_else(|| {
-                    let names: Vec<_> = ids.iter().map(|(p, _)| p.as_str()).collect();
-                    panic!("{param} not among {names:?}")
-                })
-                .1;
-            let ours: Vec<f32> = if param.ends_with("norm.weight") {
-                grads
-                    .get::<1>(id)
-                    .expect(param)
-                    .try_into_vec_as::<f32>()
-                    .unwrap()
-            } else {
-                // Burn keeps a linear weight as [in, out]; HF as [out, in].
-                let g = grads.get::<2>(id).expect(param);
-                g.transpose().try_into_vec_as::<f32>().unwrap()
-            };
-            assert_eq!(ours.len(), theirs.len(), "{name}: {param}");
-            let scale = max_abs(&theirs);
-            let diff = ours
-                .iter()
-                .zip(&theirs)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(
-                scale > 0.0,
-                "{name}: {param}: a zero gradient compares nothing"
-            );
-            assert!(
-                diff <= 1e-5 * scale,
-                "{name}: {param} gradient differs by {diff} (largest {scale})"
-            );
-        }
+        assert_grads_equal_hf(&policy, &grads, &want["grads"], name);
     }
 }

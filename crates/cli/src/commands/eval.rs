@@ -15,7 +15,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Text file to measure perplexity and bits per byte on (.gz read transparently).
-    #[arg(long, required_unless_present_any = ["task", "pairs"], conflicts_with_all = ["task", "pairs"])]
+    #[arg(long, required_unless_present_any = ["task", "pairs", "generate"], conflicts_with_all = ["task", "pairs", "generate"])]
     pub text: Option<PathBuf>,
     /// Multiple-choice task file (JSONL or .parquet; HellaSwag, ARC, PIQA, MMLU or plain
     /// `context`/`choices`/`gold` rows) to score by log-likelihood: prints acc and acc_norm.
@@ -25,8 +25,31 @@ pub struct Args {
     /// JSON object with `pairs` and `preference_accuracy` (chosen more likely than rejected);
     /// with --reference (or a reference-free --loss), also `loss`, `reward_accuracy` and
     /// `reward_margin`.
-    #[arg(long, conflicts_with = "task")]
+    #[arg(long, conflicts_with_all = ["task", "generate"])]
     pub pairs: Option<PathBuf>,
+    /// Prompts with reference answers (JSONL or Parquet: prompt/answer, a prompt may be a list
+    /// of messages; GSM8K's question/answer) to complete and score: prints `accuracy` (greedy
+    /// completions whose reward is 1), the mean reward and length, and with --samples K,
+    /// pass@k for k = 1, 2, 4, ..., K (the unbiased estimator).
+    #[arg(long, conflicts_with = "task")]
+    pub generate: Option<PathBuf>,
+    /// With --generate: `exact_match` (the final answer, `#### N` or the last number, against
+    /// `answer`) or `regex` (1 when --pattern matches).
+    #[arg(long, requires = "generate", default_value = "exact_match", value_parser = ["exact_match", "regex"])]
+    pub reward: String,
+    /// With --generate: exact_match's answer regex (first group at the last match), or
+    /// regex's pattern.
+    #[arg(long, requires = "generate")]
+    pub pattern: Option<String>,
+    /// With --generate: sampled completions a prompt, for pass@k (0: greedy only).
+    #[arg(long, requires = "generate", default_value_t = 0)]
+    pub samples: usize,
+    /// With --generate: tokens a completion may have.
+    #[arg(long, requires = "generate", default_value_t = 64, value_parser = super::positive)]
+    pub max_new_tokens: usize,
+    /// With --generate and --samples: the sampling temperature.
+    #[arg(long, requires = "samples", default_value_t = 1.0)]
+    pub temperature: f64,
     /// With --pairs: the reference model (a path or hub id) of the preference loss and rewards.
     #[arg(long, requires = "pairs")]
     pub reference: Option<PathBuf>,
@@ -44,18 +67,19 @@ pub struct Args {
     /// questions.
     #[arg(long, default_value_t = 0, requires = "task")]
     pub shots: usize,
-    /// With --task: score only the first N questions.
-    #[arg(long, requires = "task", value_parser = super::positive)]
+    /// With --task or --generate: score only the first N questions or prompts.
+    #[arg(long, value_parser = super::positive)]
     pub limit: Option<usize>,
-    /// With --task: seed of the few-shot draw.
-    #[arg(long, default_value_t = 1234, requires = "task")]
+    /// With --task: seed of the few-shot draw; with --generate, of the samples.
+    #[arg(long, default_value_t = 1234)]
     pub seed: u64,
     /// With --task: questions whose prompts run in one forward pass (their choices in a second);
     /// lower it to use less memory.
     #[arg(long, default_value_t = qwen_burn_train::eval::tasks::DEFAULT_BATCH, requires = "task", value_parser = super::positive)]
     pub batch_questions: usize,
-    /// With --task: print the metrics as one JSON object (default: a line of text).
-    #[arg(long, requires = "task")]
+    /// With --task or --generate: print the metrics as one JSON object (default: a line of
+    /// text).
+    #[arg(long)]
     pub json: bool,
     /// With --task: write each question's tokens, log-likelihoods and prediction to this JSONL
     /// file.
@@ -133,6 +157,9 @@ pub fn run(args: Args) -> Result<()> {
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
     if let Some(task) = &args.task {
         return run_task(&args, task, &model, &tok, &device);
+    }
+    if let Some(prompts) = &args.generate {
+        return super::generation::run_generate(&args, prompts, &model, &tok, &device);
     }
     if let Some(pairs) = &args.pairs {
         let pairs_args = super::pairs::PairsArgs {

@@ -8,6 +8,7 @@ pub mod data;
 pub mod eval;
 pub mod export;
 pub mod generate;
+pub mod generation;
 pub mod init;
 pub mod outputs;
 pub mod pairs;

@@ -32,6 +32,11 @@ impl RunConfig {
                 SFT_ONLY_KEYS,
                 "text runs split `data.val_fraction` off the corpus and always pack windows",
             ),
+            DataKind::Prompts => (
+                PREFERENCE_UNUSED_KEYS,
+                "RL runs read prompts from one JSONL or Parquet file in seeded shuffled epochs \
+                 and validate on `data.val_inputs` (or the first prompts)",
+            ),
             DataKind::Preference => (
                 PREFERENCE_UNUSED_KEYS,
                 "preference runs read pairs from one JSONL file in seeded shuffled epochs, one \
@@ -43,6 +48,15 @@ impl RunConfig {
                 "preference",
                 format!(
                     "is read only with data.kind = \"preference\", not \"{}\"; remove it",
+                    self.data.kind.as_str()
+                ),
+            ));
+        }
+        if self.data.kind != DataKind::Prompts && self.table.contains_key("rl") {
+            return Err(TrainError::config(
+                "rl",
+                format!(
+                    "is read only with data.kind = \"prompts\", not \"{}\"; remove it",
                     self.data.kind.as_str()
                 ),
             ));

@@ -16,9 +16,11 @@ use choices::{allowed_values, lookup, toml_type};
 
 mod lora;
 mod preference;
+mod rl;
 mod sections;
 pub use lora::*;
 pub use preference::{PreferenceConfig, PreferenceLoss, TruncationMode};
+pub use rl::{RewardKind, RewardSpec, RlAlgorithm, RlConfig, RlLossType, ScaleRewards};
 pub use sections::*;
 
 mod choices;
@@ -63,6 +65,8 @@ pub struct RunConfig {
     pub eval: EvalConfig,
     /// `[preference]` (preference data only).
     pub preference: PreferenceConfig,
+    /// `[rl]` (prompt data only).
+    pub rl: RlConfig,
     /// The full TOML after overrides (what checkpoints store as `run.toml`).
     pub table: toml::Table,
     /// Settings that were adjusted, for the trainer to print (e.g. a warmup clipped to a
@@ -81,6 +85,7 @@ const SECTIONS: &[&str] = &[
     "lora",
     "eval",
     "preference",
+    "rl",
 ];
 
 /// Deserialise one section (absent: its defaults), naming `section.key` in every error.
@@ -227,6 +232,7 @@ impl RunConfig {
             logging: section(&table, "logging", &[])?,
             eval: section(&table, "eval", &[])?,
             preference: section(&table, "preference", &[])?,
+            rl: section(&table, "rl", &[])?,
             lora: match table.get("lora") {
                 None => None,
                 Some(_) => Some(section(&table, "lora", &["rank", "alpha", "targets"])?),
@@ -237,6 +243,7 @@ impl RunConfig {
         config.validate()?;
         config.check_data_keys()?;
         config.preference.check()?;
+        config.rl.check()?;
         Ok(config.with_notices())
     }
 

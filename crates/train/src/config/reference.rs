@@ -30,6 +30,7 @@ fn defaults(section: &str) -> toml::Table {
         "logging.peak_tflops" => table(PeakTflops::default()),
         "lora" => table(LoraConfig::default()),
         "preference" => table(super::PreferenceConfig::default()),
+        "rl" => table(super::RlConfig::default()),
         _ => toml::Table::new(),
     }
 }

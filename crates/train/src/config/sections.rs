@@ -17,6 +17,9 @@ pub enum DataKind {
     Sft,
     /// Preference pairs (JSONL: prompt, chosen, rejected), for `[preference]`'s losses.
     Preference,
+    /// Prompts with reference answers (JSONL or Parquet: prompt, answer; GSM8K's question,
+    /// answer), for `[rl]`.
+    Prompts,
 }
 
 impl DataKind {
@@ -26,6 +29,7 @@ impl DataKind {
             DataKind::Text => "text",
             DataKind::Sft => "sft",
             DataKind::Preference => "preference",
+            DataKind::Prompts => "prompts",
         }
     }
 }
@@ -34,7 +38,7 @@ impl DataKind {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `text`, `sft` or `preference`.
+    /// `text`, `sft`, `preference` or `prompts`.
     pub kind: DataKind,
     /// Corpus files or directories (text: .txt, .jsonl, .gz, .parquet; sft: one JSONL file).
     /// Required.

@@ -4,7 +4,9 @@
 //! - [`validation`]: the validation loss and bits per byte; windowed perplexity of a text.
 //! - [`tasks`]: multiple-choice tasks by log-likelihood, as lm-evaluation-harness scores them.
 //! - [`sample`]: the periodic samples of a run.
+//! - [`generation`]: rewards of generated completions (`eval --generate`): accuracy, pass@k.
 
+pub mod generation;
 pub mod sample;
 pub mod tasks;
 pub mod validation;

@@ -10,9 +10,13 @@
 //! - [`NextToken`]: next-token cross-entropy, over the target tokens of plain text or of SFT
 //!   rows (whose masked prompt tokens have target -1).
 //! - [`preference::Preference`]: DPO and its losses on pairs of completions (TRL's).
+//! - [`rl::Rl`]: GRPO and REINFORCE on completions the policy generates for prompts, with
+//!   verifiable rewards (TRL's GRPO, nanochat's REINFORCE); it makes its own batches
+//!   ([`Objective::rollout`]).
 
 mod next_token;
 pub mod preference;
+pub mod rl;
 
 use std::path::Path;
 
@@ -48,6 +52,25 @@ pub trait Objective: Send + Sync {
         _run_dir: &Path,
     ) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether step `step` (0-based) takes new batches from the data. An objective that trains
+    /// several steps on one rollout ([`rl::Rl`] with `rl.num_iterations > 1`) declines them on
+    /// the steps that reuse it. True by default.
+    fn wants_data(&self, _step: usize) -> bool {
+        true
+    }
+
+    /// The step's micro-batches from the data's (`batches`, empty when [`Self::wants_data`]
+    /// declined them), with the model as it is before the step: RL turns prompt batches into
+    /// rows of generated completions. The data's, unchanged, by default.
+    fn rollout(
+        &self,
+        _model: &Qwen3ForCausalLM,
+        batches: Vec<Batch>,
+        _step: usize,
+    ) -> Result<Vec<Batch>> {
+        Ok(batches)
     }
 
     /// Figures of the objective on the validation batches, beside the validation loss (which
@@ -97,11 +120,18 @@ pub struct Figure {
     pub count: f64,
 }
 
-/// The objective of a run: preference data trains with `[preference]`'s loss, the others
-/// with next-token cross-entropy.
-pub fn of_run(config: &crate::config::RunConfig) -> Box<dyn Objective> {
-    match config.data.kind {
+/// The objective of a run: preference data trains with `[preference]`'s loss, prompts with
+/// `[rl]`'s, the others with next-token cross-entropy.
+pub fn of_run(config: &crate::config::RunConfig) -> Result<Box<dyn Objective>> {
+    Ok(match config.data.kind {
         DataKind::Preference => Box::new(preference::Preference::new(config.preference.clone())),
+        DataKind::Prompts => {
+            let from = match &config.model {
+                crate::config::ModelSource::Pretrained(p) => Some(p.clone()),
+                crate::config::ModelSource::Scratch(_) => None,
+            };
+            Box::new(rl::Rl::new(config.rl.clone(), config.training.seed, from)?)
+        }
         DataKind::Text | DataKind::Sft => Box::new(NextToken),
-    }
+    })
 }

@@ -83,6 +83,13 @@ pub fn bench_train(
     let t = &config.training;
     // Preference data: `batch_size` random pairs a micro-batch (two rows each), scored against
     // a reference table given here (a run computes it before its first step).
+    if config.data.kind == crate::config::DataKind::Prompts {
+        return Err(crate::error::TrainError::config(
+            "data.kind",
+            "bench train times steps on synthetic rows; an RL step's cost is mostly its \
+             generation: time `train` itself (its records give the generation's share)",
+        ));
+    }
     let preference = config.data.kind == crate::config::DataKind::Preference;
     let objective: Box<dyn crate::objective::Objective> = if preference {
         Box::new(crate::objective::preference::Preference::with_reference(
@@ -90,7 +97,7 @@ pub fn bench_train(
             vec![[-100.0, -100.0]; t.batch_size],
         ))
     } else {
-        crate::objective::of_run(config)
+        crate::objective::of_run(config)?
     };
     let step = Step::of_run(objective.as_ref(), t);
     let model_config = &model_config_of(config)?;

@@ -27,6 +27,8 @@ pub struct DataPipeline {
     separator: Option<u32>,
     /// Preference runs: the training and validation pairs.
     preference: Option<PreferenceSets>,
+    /// RL runs: the prompts.
+    prompts: Option<crate::objective::rl::PromptSets>,
 }
 
 /// `tokenizer.json` of `model.from` (the default of `data.tokenizer` there).
@@ -91,6 +93,7 @@ impl DataPipeline {
         let seed = t.seed;
         let mut separator = None;
         let mut preference = None;
+        let mut prompts = None;
         let (prefetcher, val) = match d.kind {
             DataKind::Sft => {
                 if d.inputs.len() != 1 {
@@ -187,6 +190,14 @@ impl DataPipeline {
                 preference = Some(sets);
                 (prefetcher, val)
             }
+            DataKind::Prompts => {
+                let template =
+                    ChatTemplate::beside(&d.tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
+                let (prefetcher, val, sets) =
+                    super::prompt_data::open(config, &tok, &template, cursor)?;
+                prompts = Some(sets);
+                (prefetcher, val)
+            }
         };
         Ok(Self {
             prefetcher,
@@ -195,7 +206,13 @@ impl DataPipeline {
             tok_path: d.tokenizer.clone(),
             separator,
             preference,
+            prompts,
         })
+    }
+
+    /// The prompts of an RL run.
+    pub fn prompts(&self) -> Option<&crate::objective::rl::PromptSets> {
+        self.prompts.as_ref()
     }
 
     /// The pairs of a preference run.

@@ -20,6 +20,7 @@ pub mod lock;
 pub mod memory;
 pub mod preference_data;
 mod prepared;
+pub mod prompt_data;
 pub mod refused;
 pub mod resume;
 mod setup;
@@ -80,7 +81,7 @@ pub struct RunSummary {
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     in_pool(|| {
         with_fused_kernels(config.fused_kernels(), || {
-            let objective = crate::objective::of_run(config);
+            let objective = crate::objective::of_run(config)?;
             let (run, start) = setup::prepare(config, opts, objective.as_ref())?;
             run.run(start)
         })

@@ -171,12 +171,15 @@ impl Loop<'_> {
         let t = &cfg.training;
         let step = state.step; // 0-based index of the step being taken
         let mut batches = Vec::with_capacity(t.grad_accum.min(64));
-        let mut cursor = None;
-        for _ in 0..t.grad_accum {
-            let (batch, c) = self.data.next_batch()?;
-            batches.push(batch);
-            cursor = Some(c);
+        let mut cursor = state.data_cursor.clone();
+        if self.step.objective.wants_data(step) {
+            for _ in 0..t.grad_accum {
+                let (batch, c) = self.data.next_batch()?;
+                batches.push(batch);
+                cursor = Some(c);
+            }
         }
+        let batches = self.step.objective.rollout(&model, batches, step)?;
         let (mut grads, mut stats) = self.replicas.step(&self.step, &model, &batches)?;
         hooks::poison_grad(step + 1, &model, &mut grads);
         let lr = learning_rate(step, t.max_steps, &cfg.optimizer, &cfg.schedule);

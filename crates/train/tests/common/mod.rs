@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use qwen_burn_data::Batch;
@@ -98,4 +98,87 @@ pub fn worst_grad_diff(
     };
     model.visit(&mut w);
     (w.worst, w.count)
+}
+
+/// Every float parameter by its path (Burn's module names, which are HF's keys).
+pub fn param_ids(model: &Qwen3ForCausalLM) -> Vec<(String, ParamId)> {
+    struct All(Vec<String>, Vec<(String, ParamId)>);
+    impl ModuleVisitor for All {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.0.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.0.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            // The enum variant of a layer's feed-forward (`mlp.Dense`, `mlp.Sparse`) is no HF key.
+            let path = self
+                .0
+                .join(".")
+                .replace(".Dense.", ".")
+                .replace(".Sparse.", ".");
+            self.1.push((path, param.id));
+        }
+    }
+    let mut all = All(Vec::new(), Vec::new());
+    model.visit(&mut all);
+    all.1
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+/// `grads` of `model` equal the HF gradients `want` (a JSON object: HF parameter name to its
+/// flattened gradient, HF's `[out, in]` layout for linear weights) within 1e-5 of their
+/// largest magnitude; `what` names the case in failures.
+pub fn assert_grads_equal_hf(
+    model: &Qwen3ForCausalLM,
+    grads: &GradientsParams,
+    want: &serde_json::Value,
+    what: &str,
+) {
+    let ids = param_ids(model);
+    let name = what;
+    for (param, values) in want.as_object().unwrap() {
+        let theirs: Vec<f32> = values
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let id = ids
+            .iter()
+            .find(|(p, _)| p == param)
+            .unwrap_or_else(|| {
+                let names: Vec<_> = ids.iter().map(|(p, _)| p.as_str()).collect();
+                panic!("{param} not among {names:?}")
+            })
+            .1;
+        let ours: Vec<f32> = if param.ends_with("norm.weight") {
+            grads
+                .get::<1>(id)
+                .expect(param)
+                .try_into_vec_as::<f32>()
+                .unwrap()
+        } else {
+            // Burn keeps a linear weight as [in, out]; HF as [out, in].
+            let g = grads.get::<2>(id).expect(param);
+            g.transpose().try_into_vec_as::<f32>().unwrap()
+        };
+        assert_eq!(ours.len(), theirs.len(), "{name}: {param}");
+        let scale = max_abs(&theirs);
+        let diff = ours
+            .iter()
+            .zip(&theirs)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            scale > 0.0,
+            "{name}: {param}: a zero gradient compares nothing"
+        );
+        assert!(
+            diff <= 1e-5 * scale,
+            "{name}: {param} gradient differs by {diff} (largest {scale})"
+        );
+    }
 }

@@ -1,0 +1,90 @@
+//! `qwen-burn eval --generate FILE`: a model's completions of prompts, scored by a reward
+//! (see `qwen_burn_train::eval::generation`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use burn::tensor::Device;
+use qwen_burn_data::{ChatTemplate, Tok, load_prompts};
+use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_train::config::RlConfig;
+use qwen_burn_train::eval::generation::evaluate_generation;
+use qwen_burn_train::objective::rl::rewards::Reward;
+
+use super::eval::Args;
+
+pub fn run_generate(
+    args: &Args,
+    path: &Path,
+    model: &Qwen3ForCausalLM,
+    tok: &Tok,
+    device: &Device,
+) -> Result<()> {
+    let pattern = |default: &str| {
+        let text = args.pattern.as_deref().unwrap_or(default);
+        regex::Regex::new(text).with_context(|| format!("--pattern {text:?} is not a regex"))
+    };
+    let reward = match args.reward.as_str() {
+        "regex" => Reward::Regex {
+            pattern: pattern("").and_then(|p| {
+                anyhow::ensure!(args.pattern.is_some(), "--reward regex needs --pattern");
+                Ok(p)
+            })?,
+        },
+        _ => Reward::ExactMatch {
+            pattern: pattern(Reward::GSM8K_PATTERN)?,
+        },
+    };
+    let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
+    let mut prompts = load_prompts(path, tok, &template, None)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if let Some(limit) = args.limit {
+        prompts.items.truncate(limit);
+    }
+    let sampling = RlConfig {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        ..RlConfig::default()
+    };
+    anyhow::ensure!(
+        args.temperature.is_finite() && args.temperature > 0.0,
+        "--temperature is {}; sampling needs a temperature above 0",
+        args.temperature
+    );
+    let result = evaluate_generation(
+        model,
+        Arc::new(prompts),
+        tok,
+        reward,
+        &sampling,
+        args.samples,
+        args.seed,
+        device,
+    )?;
+    if args.json {
+        let mut out = serde_json::json!({
+            "prompts": result.prompts,
+            "reward": args.reward,
+            "accuracy": result.accuracy,
+            "mean_reward": result.mean_reward,
+            "mean_length": result.mean_length,
+            "samples": result.samples,
+        });
+        for (k, p) in &result.pass_at {
+            out[format!("pass@{k}")] = serde_json::json!(p);
+        }
+        println!("{out}");
+    } else {
+        let pass: String = result
+            .pass_at
+            .iter()
+            .map(|(k, p)| format!(" | pass@{k} {p:.4}"))
+            .collect();
+        println!(
+            "{} prompts | accuracy {:.4} | mean reward {:.4} | mean length {:.1}{pass}",
+            result.prompts, result.accuracy, result.mean_reward, result.mean_length
+        );
+    }
+    Ok(())
+}

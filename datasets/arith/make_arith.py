@@ -1,0 +1,74 @@
+"""Build datasets/arith/: a verifiable-reward arithmetic task for GRPO, and SFT data for it.
+
+Questions are "What is A + B?" or "What is A - B?" with A and B drawn uniformly from 0..999
+(subtraction results may be negative); the answer is the integer as a string. Writes
+  * train.jsonl    4000 rows {"prompt": [{"role": "user", "content": "What is 12 + 345?"}], "answer": "357"}
+  * heldout.jsonl   500 rows, same layout, no (A, op, B) in common with train.jsonl
+  * sft.jsonl      4000 rows, the questions of train.jsonl (same order) with worked answers:
+                   {"messages": [{"role": "user", "content": "What is 12 + 345?"},
+                                 {"role": "assistant", "content": "12 + 345 = 357\\n#### 357"}]}
+Each file has exactly half additions and half subtractions. Seeded and deterministic.
+Run from the repository root:  python3 datasets/arith/make_arith.py
+Uses only the Python standard library.
+"""
+import json
+import os
+import random
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = 20240611
+N_TRAIN, N_HELDOUT = 4000, 500
+
+
+def draw(rng, n_per_op, taken):
+    """n_per_op additions and n_per_op subtractions, none in `taken` (updated), shuffled."""
+    rows = []
+    for op in ("+", "-"):
+        count = 0
+        while count < n_per_op:
+            triple = (rng.randint(0, 999), op, rng.randint(0, 999))
+            if triple in taken:
+                continue
+            taken.add(triple)
+            rows.append(triple)
+            count += 1
+    rng.shuffle(rows)
+    return rows
+
+
+def question(a, op, b):
+    return f"What is {a} {op} {b}?"
+
+
+def result(a, op, b):
+    return a + b if op == "+" else a - b
+
+
+def write(name, rows):
+    with open(os.path.join(HERE, name), "w", encoding="utf-8", newline="\n") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def main():
+    rng = random.Random(SEED)
+    taken = set()
+    train = draw(rng, N_TRAIN // 2, taken)
+    heldout = draw(rng, N_HELDOUT // 2, taken)
+    assert not set(train) & set(heldout)
+    for name, triples in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        write(name, [{"prompt": [{"role": "user", "content": question(*t)}], "answer": str(result(*t))}
+                    for t in triples])
+    sft = []
+    for a, op, b in train:
+        n = result(a, op, b)
+        worked = f"{a} {op} {b} = {n}\n#### {n}"
+        sft.append({"messages": [{"role": "user", "content": question(a, op, b)},
+                                 {"role": "assistant", "content": worked}]})
+    write("sft.jsonl", sft)
+    print(f"wrote train.jsonl ({len(train)}), heldout.jsonl ({len(heldout)}), "
+          f"sft.jsonl ({len(sft)}) in {HERE}")
+
+
+if __name__ == "__main__":
+    main()
