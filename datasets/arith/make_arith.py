@@ -8,16 +8,22 @@ Questions are "What is A + B?" or "What is A - B?" with A and B drawn uniformly 
                    {"messages": [{"role": "user", "content": "What is 12 + 345?"},
                                  {"role": "assistant", "content": "12 + 345 = 357\\n#### 357"}]}
 Each file has exactly half additions and half subtractions. Seeded and deterministic.
-Run from the repository root:  python3 datasets/arith/make_arith.py
+With `--max 99` the operands run over 0..99 and the files go to datasets/arith/small/ (the same
+layout): a task the README's 3M-parameter model can partly learn by SFT, which leaves GRPO a
+signal to work with (experiments/011-grpo).
+Run from the repository root:  python3 datasets/arith/make_arith.py [--max 99]
 Uses only the Python standard library.
 """
 import json
 import os
 import random
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 20240611
 N_TRAIN, N_HELDOUT = 4000, 500
+MAX = int(sys.argv[sys.argv.index("--max") + 1]) if "--max" in sys.argv else 999
+OUT = HERE if MAX == 999 else os.path.join(HERE, "small")
 
 
 def draw(rng, n_per_op, taken):
@@ -26,7 +32,7 @@ def draw(rng, n_per_op, taken):
     for op in ("+", "-"):
         count = 0
         while count < n_per_op:
-            triple = (rng.randint(0, 999), op, rng.randint(0, 999))
+            triple = (rng.randint(0, MAX), op, rng.randint(0, MAX))
             if triple in taken:
                 continue
             taken.add(triple)
@@ -45,7 +51,8 @@ def result(a, op, b):
 
 
 def write(name, rows):
-    with open(os.path.join(HERE, name), "w", encoding="utf-8", newline="\n") as f:
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, name), "w", encoding="utf-8", newline="\n") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
 
@@ -67,7 +74,7 @@ def main():
                                  {"role": "assistant", "content": worked}]})
     write("sft.jsonl", sft)
     print(f"wrote train.jsonl ({len(train)}), heldout.jsonl ({len(heldout)}), "
-          f"sft.jsonl ({len(sft)}) in {HERE}")
+          f"sft.jsonl ({len(sft)}) in {OUT}")
 
 
 if __name__ == "__main__":

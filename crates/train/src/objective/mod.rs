@@ -73,6 +73,12 @@ pub trait Objective: Send + Sync {
         Ok(batches)
     }
 
+    /// Completions of the latest rollout to show as samples: `(prompt, completion, reward)`.
+    /// None by default (the run samples `training.sample_prompt` instead).
+    fn samples(&self) -> Vec<(String, String, f64)> {
+        Vec::new()
+    }
+
     /// Figures of the objective on the validation batches, beside the validation loss (which
     /// is the next-token loss of their targets for every objective). None by default.
     fn validate(

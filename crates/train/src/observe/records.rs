@@ -215,6 +215,9 @@ pub struct SampleRecord {
     pub prompt: String,
     /// The generated continuation.
     pub text: String,
+    /// RL runs: the completion's reward (the weighted sum of the reward functions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
 }
 
 /// Every record of a `metrics.jsonl`; a line that is not a record is an error naming it.

@@ -177,6 +177,23 @@ impl Loop<'_> {
         let Some(tok) = self.data.tokenizer() else {
             return Ok(());
         };
+        let rollout = self.step.objective.samples();
+        if !rollout.is_empty() {
+            for (prompt, text, reward) in rollout {
+                progress.line(&format!(
+                    "step {step:>6} | sample (reward {reward:.2}): {}",
+                    text.replace('\n', " ")
+                ));
+                let reward = Some(reward);
+                self.samples.write(&SampleRecord {
+                    step,
+                    prompt,
+                    text,
+                    reward,
+                })?;
+            }
+            return Ok(());
+        }
         let (prompt, text) = sample_text(
             &model.valid(),
             tok,
@@ -190,7 +207,12 @@ impl Loop<'_> {
             "step {step:>6} | sample: {prompt}{}",
             text.replace('\n', " ")
         ));
-        self.samples.write(&SampleRecord { step, prompt, text })?;
+        self.samples.write(&SampleRecord {
+            step,
+            prompt,
+            text,
+            reward: None,
+        })?;
         Ok(())
     }
 }

@@ -38,6 +38,8 @@ struct Rollout {
     rows: Vec<Row>,
     /// Step-wide figures (rewards, lengths), logged with every step that trains on the rows.
     figures: Vec<(&'static str, f64)>,
+    /// The first completion of the first prompts, with its reward: the run's samples.
+    samples: Vec<(String, String, f64)>,
 }
 
 struct Row {
@@ -47,6 +49,9 @@ struct Row {
     old: Option<Vec<f32>>,
     reference: Option<Vec<f32>>,
 }
+
+/// Completions a step's samples show (the first of as many prompts).
+const SAMPLES: usize = 2;
 
 /// A figure name made once per run (reward names carry the config's order).
 fn leak(name: String) -> &'static str {
@@ -135,10 +140,13 @@ impl Rl {
         let mut all_prompts = Vec::new();
         let mut all_completions = Vec::new();
         let mut groups = Vec::new();
+        let started = std::time::Instant::now();
+        let mut generating = 0.0;
         for batch in prompts {
             let ids = batch.pairs.clone().ok_or_else(|| {
                 TrainError::Other("an RL step got a batch that is not a prompt batch".into())
             })?;
+            let clock = std::time::Instant::now();
             let completions = complete(
                 &valid,
                 sets,
@@ -150,6 +158,7 @@ impl Rl {
                 step,
                 &device,
             )?;
+            generating += clock.elapsed().as_secs_f64();
             groups.push((ids.clone(), completions.clone()));
             all_prompts.extend(ids);
             all_completions.extend(completions);
@@ -206,10 +215,30 @@ impl Rl {
             lengths.iter().copied().max().unwrap_or(0) as f64,
         ));
         figures.push(("completions/clipped_ratio", clipped as f64 / n));
+        // Timings of this rollout: the decoding alone, and all of it (decoding, rewards,
+        // the rows' layout and any old or reference log-probabilities).
+        let generated = lengths.iter().sum::<usize>() as f64;
+        figures.push(("rollout/generation_secs", generating));
+        figures.push((
+            "rollout/generation_tokens_per_sec",
+            generated / generating.max(1e-9),
+        ));
+        figures.push(("rollout/secs", started.elapsed().as_secs_f64()));
+        let mut samples = Vec::new();
+        for (k, (&id, group)) in all_prompts
+            .iter()
+            .zip(&all_completions)
+            .take(SAMPLES)
+            .enumerate()
+        {
+            let text = sets.completion_text(&group[0].ids)?;
+            samples.push((sets.item(id)?.text.clone(), text, total[k * g]));
+        }
         Ok(Rollout {
             batches,
             rows,
             figures,
+            samples,
         })
     }
 }
@@ -278,6 +307,14 @@ impl Objective for Rl {
             .as_ref()
             .map(|r| r.batches.clone())
             .ok_or_else(|| TrainError::Other("an RL step without a rollout".into()))
+    }
+
+    fn samples(&self) -> Vec<(String, String, f64)> {
+        self.current
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(|r| r.samples.clone()))
+            .unwrap_or_default()
     }
 
     fn validate(

@@ -1,0 +1,240 @@
+//! RL through the binary (issue 39): a GRPO run from an HF model on prompts logs TRL's
+//! figures (per reward function too) and samples with their rewards, resumes bit for bit,
+//! and its step-0 validation accuracy equals `eval --generate`'s; a reward program that
+//! crashes, hangs or writes a bad line, and bad `[rl]` settings or prompt rows, are errors
+//! naming the program, line, key or file.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+
+/// A GRPO config for the tiny model in `hf` on `prompts` (validation: the same file), with an
+/// exact_match reward and the `command` reward `script` (weight 0.5), if given.
+fn grpo_config(
+    dir: &Path,
+    hf: &Path,
+    prompts: &Path,
+    steps: usize,
+    script: Option<&Path>,
+) -> PathBuf {
+    let command = script.map_or(String::new(), |p| {
+        format!("[[rl.rewards]]\nkind = \"command\"\ncommand = [\"{}\"]\nweight = 0.5\ntimeout_secs = 2\n", p.display())
+    });
+    let text = format!(
+        r#"[model]
+from = "{hf}"
+[data]
+kind = "prompts"
+inputs = ["{prompts}"]
+val_inputs = ["{prompts}"]
+[rl]
+group_size = 4
+max_new_tokens = 8
+[[rl.rewards]]
+kind = "exact_match"
+{command}
+[optimizer]
+lr = 1e-3
+[training]
+seed = 5
+batch_size = 2
+seq_len = 48
+max_steps = {steps}
+eval_interval = 2
+eval_batches = 2
+sample_interval = 1
+[checkpoint]
+interval = 2
+[logging]
+interval = 1
+"#,
+        hf = hf.display(),
+        prompts = prompts.display(),
+    );
+    let path = dir.join(format!("grpo{steps}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// An executable shell script in `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    path
+}
+
+/// The train records of a run without their timings.
+fn records(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["split"] == "train")
+        .map(|mut v| {
+            let o = v.as_object_mut().unwrap();
+            for k in ["tokens_per_sec", "mfu", "elapsed_secs"] {
+                o.remove(k);
+            }
+            let f = o["figures"].as_object_mut().unwrap();
+            f.retain(|k, _| !k.starts_with("rollout/"));
+            v
+        })
+        .collect()
+}
+
+fn prompts(dir: &Path, n: usize) -> PathBuf {
+    let all =
+        std::fs::read_to_string(repo_root().join("datasets/arith/small/train.jsonl")).unwrap();
+    let path = dir.join("prompts.jsonl");
+    std::fs::write(&path, all.lines().take(n).collect::<Vec<_>>().join("\n")).unwrap();
+    path
+}
+
+#[test]
+fn a_grpo_run_logs_trls_figures_resumes_exactly_and_eval_generate_agrees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf_with_tokenizer(dir.path());
+    let prompts = prompts(dir.path(), 4);
+    // 1 for a completion holding a digit, else 0: varied rewards on a random model.
+    let digit = script(
+        dir.path(),
+        "digit.sh",
+        r#"while IFS= read -r line; do case "$line" in *'"completion": "'*[0-9]*) echo 1;; *) echo 0;; esac; done"#,
+    );
+    let config = grpo_config(dir.path(), &hf, &prompts, 4, Some(&digit));
+    let straight = dir.path().join("straight");
+    ok(&qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&straight)],
+        &[],
+    ));
+    let run = records(&straight);
+    assert_eq!(run.len(), 4);
+    let figures = &run[0]["figures"];
+    for key in [
+        "reward",
+        "reward_std",
+        "rewards/exact_match/mean",
+        "rewards/command/mean",
+        "frac_reward_zero_std",
+        "completions/mean_length",
+        "completions/max_length",
+        "completions/clipped_ratio",
+        "entropy",
+        "clip_ratio/region_mean",
+    ] {
+        assert!(figures[key].is_number(), "{key} missing: {figures}");
+    }
+    let samples = std::fs::read_to_string(straight.join("samples.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(samples.lines().next().unwrap()).unwrap();
+    assert!(first["reward"].is_number(), "{first}");
+
+    // Killed after step 2, then --resume: the same records.
+    let resumed = dir.path().join("resumed");
+    let out = qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&resumed)],
+        &[("QWEN_BURN_ABORT_AFTER_STEP", "2")],
+    );
+    assert!(!out.status.success());
+    ok(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&resumed),
+            "--resume",
+        ],
+        &[],
+    ));
+    assert_eq!(records(&resumed), run);
+
+    // eval --generate of the starting model: its greedy accuracy is the run's step-0
+    // validation accuracy on the same prompts; pass@k up to the samples.
+    let out = ok(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--generate",
+            s(&prompts),
+            "--max-new-tokens",
+            "8",
+            "--samples",
+            "4",
+            "--json",
+        ],
+        &[],
+    ));
+    let eval: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let step0: serde_json::Value = std::fs::read_to_string(straight.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["split"] == "val" && r["step"] == 0)
+        .unwrap();
+    assert_eq!(eval["prompts"], 4);
+    assert_eq!(
+        eval["accuracy"], step0["figures"]["accuracy"],
+        "{eval} vs {step0}"
+    );
+    for k in ["pass@1", "pass@2", "pass@4"] {
+        assert!(eval[k].is_number(), "{k}: {eval}");
+    }
+}
+
+#[test]
+fn bad_reward_programs_settings_and_prompts_name_the_program_key_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf_with_tokenizer(dir.path());
+    let prompts = prompts(dir.path(), 4);
+    let train = |config: &Path, sets: &[&str]| {
+        let run = dir.path().join("run");
+        let _ = std::fs::remove_dir_all(&run);
+        let mut args = vec!["train", "--config", s(config), "--run-dir", s(&run)];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        fails(&qwen_burn(&args, &[]))
+    };
+    for (name, body, expect) in [
+        ("crash.sh", "exit 3", "exit status: 3"),
+        ("word.sh", "while read -r l; do echo abc; done", "line 1"),
+        ("short.sh", "read -r l; echo 1", "lines for"),
+        ("hang.sh", "exec sleep 30", "timeout"),
+    ] {
+        let program = script(dir.path(), name, body);
+        let err = train(
+            &grpo_config(dir.path(), &hf, &prompts, 2, Some(&program)),
+            &[],
+        );
+        assert!(err.contains(name) && err.contains(expect), "{name}: {err}");
+    }
+    let config = grpo_config(dir.path(), &hf, &prompts, 2, None);
+    for (set, key) in [
+        ("rl.group_size=1", "rl.group_size"),
+        ("rl.max_new_tokens=48", "rl.max_new_tokens"),
+        ("rl.epsilon=1.5", "rl.epsilon"),
+        ("rl.loss_type=\"ppo\"", "rl.loss_type"),
+    ] {
+        let err = train(&config, &[set]);
+        assert!(err.contains(key), "{set}: {err}");
+    }
+    let err = train(&config, &["data.kind=\"text\""]);
+    assert!(err.contains("rl"), "{err}");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"What is 1 + 1?\", \"answer\": \"2\"}\n{\"prompt\": \"What is 2 + 2?\"}\n",
+    )
+    .unwrap();
+    let err = train(&config, &[]);
+    assert!(
+        err.contains("prompts.jsonl:2") && err.contains("answer"),
+        "{err}"
+    );
+}
