@@ -54,9 +54,108 @@ pub fn wsd_decay_steps(max_steps: usize, sched: &ScheduleConfig) -> usize {
     ((max_steps as f64 * sched.decay_fraction).round() as usize).clamp(1, max_steps.max(1))
 }
 
+/// A schedule: the learning rate's settings and the run's length.
+pub struct Schedule<'a> {
+    pub max_steps: usize,
+    pub optimizer: &'a OptimizerConfig,
+    pub schedule: &'a ScheduleConfig,
+}
+
+impl Schedule<'_> {
+    fn lr(&self, step: usize) -> f64 {
+        learning_rate(step, self.max_steps, self.optimizer, self.schedule)
+    }
+
+    /// The first step (0-based) of a WSD run's decay; None for the other schedules.
+    fn decay_start(&self) -> Option<usize> {
+        (self.schedule.decay == Decay::Wsd).then(|| {
+            let warmup = self.schedule.warmup_steps.min(self.max_steps);
+            let steps = wsd_decay_steps(self.max_steps, self.schedule).min(self.max_steps - warmup);
+            self.max_steps - steps
+        })
+    }
+}
+
+/// A branch taken after `step` steps of `parent` continues under `child`'s schedule: the
+/// warning to print when `child`'s learning rate at that point (its last step, `step - 1`)
+/// is not the one the parent trained with, which would make the learning rate jump at the
+/// branch. The usual WSD branch (from the stable phase, into a decay that starts after the
+/// branch point) gives none.
+pub fn branch_lr_warning(
+    step: usize,
+    parent: &Schedule<'_>,
+    child: &Schedule<'_>,
+) -> Option<String> {
+    let last = step.checked_sub(1)?;
+    let (p, c) = (parent.lr(last), child.lr(last));
+    if (p - c).abs() <= 1e-9 * p.abs().max(c.abs()) {
+        return None;
+    }
+    let mut why = String::new();
+    if parent.decay_start().is_some_and(|start| start <= last) {
+        why.push_str("; the checkpoint was taken during the parent's WSD decay");
+    }
+    if let Some(start) = child.decay_start().filter(|&start| start <= last) {
+        why.push_str(&format!(
+            "; this run's WSD decay starts at step {}, before the branch point",
+            start + 1
+        ));
+    }
+    Some(format!(
+        "warning: branching after step {step}: the parent trained there at learning rate {p:.3e}, \
+         this run's schedule gives {c:.3e}{why}. The learning rate jumps at the branch; for a \
+         WSD cool-down, branch from the stable phase into a run whose decay \
+         (training.max_steps x schedule.decay_fraction) starts after step {step}"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_branch_warns_when_the_learning_rate_jumps() {
+        let opt = OptimizerConfig {
+            lr: 1e-3,
+            ..OptimizerConfig::default()
+        };
+        let wsd = ScheduleConfig {
+            decay: Decay::Wsd,
+            decay_fraction: 0.2,
+            warmup_steps: 10,
+            min_lr: 0.0,
+            ..ScheduleConfig::default()
+        };
+        let run = |max_steps| Schedule {
+            max_steps,
+            optimizer: &opt,
+            schedule: &wsd,
+        };
+        // Parent of 1000 steps (decay from step 801); branch after 600 into 700 steps (decay
+        // from step 561: before the branch) warns; into 800 steps (decay from 641) does not.
+        let w = branch_lr_warning(600, &run(1000), &run(700)).expect("a jump");
+        assert!(w.contains("starts at step 561"), "{w}");
+        assert_eq!(branch_lr_warning(600, &run(1000), &run(800)), None);
+        // From the parent's decay (after step 900) into a longer run: warns, naming it.
+        let w = branch_lr_warning(900, &run(1000), &run(2000)).expect("a jump");
+        assert!(w.contains("during the parent's WSD decay"), "{w}");
+        // A cosine parent branched into another length: the cosine moves, it warns.
+        let cosine = ScheduleConfig::default();
+        let (a, b) = (
+            Schedule {
+                max_steps: 1000,
+                optimizer: &opt,
+                schedule: &cosine,
+            },
+            Schedule {
+                max_steps: 500,
+                optimizer: &opt,
+                schedule: &cosine,
+            },
+        );
+        assert!(branch_lr_warning(300, &a, &b).is_some());
+        assert_eq!(branch_lr_warning(0, &a, &b), None);
+    }
 
     #[test]
     fn warmup_then_cosine_to_the_floor() {

@@ -63,6 +63,29 @@ pub(super) fn prepare<'a>(
         Some(from) => {
             let step = branch_from(from, run_dir)?;
             eprintln!("branching from {} at step {step}", from.display());
+            // The parent's schedule, from its checkpoint's config.
+            let parent_toml = from.join("run.toml");
+            match RunConfig::load(&parent_toml, &[]) {
+                Ok(parent) => {
+                    fn of(c: &RunConfig) -> crate::optim::schedule::Schedule<'_> {
+                        crate::optim::schedule::Schedule {
+                            max_steps: c.training.max_steps,
+                            optimizer: &c.optimizer,
+                            schedule: &c.schedule,
+                        }
+                    }
+                    if let Some(w) =
+                        crate::optim::schedule::branch_lr_warning(step, &of(&parent), &of(config))
+                    {
+                        eprintln!("{w}");
+                    }
+                }
+                Err(e) => eprintln!(
+                    "note: the parent's schedule could not be read from {} ({e}); the learning \
+                     rate at the branch point is not checked",
+                    parent_toml.display()
+                ),
+            }
             true
         }
         None => opts.resume,
