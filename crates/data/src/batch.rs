@@ -125,18 +125,53 @@ pub struct Cursor {
     pub position: u64,
     /// Batches produced so far.
     pub step: u64,
+    /// Rows of a global batch (`batch_size x grad_accum`), which decide the data order (see
+    /// [`crate::WindowSampler`]); 0 in cursors written before it was recorded, read as
+    /// `batch_size`.
+    #[serde(default)]
+    pub global_batch: usize,
 }
 
 impl Cursor {
+    /// [`Cursor::global_batch`], `batch_size` when unrecorded.
+    pub fn global_rows(&self) -> usize {
+        if self.global_batch == 0 {
+            self.batch_size
+        } else {
+            self.global_batch
+        }
+    }
+
+    /// The batches of `batch_size` rows that cover the rows this cursor has drawn: what a
+    /// sampler restored with another split of the same global batch has produced.
+    pub(crate) fn steps_at(&self, batch_size: usize) -> u64 {
+        self.step * self.batch_size as u64 / batch_size.max(1) as u64
+    }
+
     /// Checks that `self` (a saved cursor) fits a sampler whose fresh cursor is `this`.
     pub(crate) fn check_compatible(&self, this: &Cursor) -> Result<()> {
+        // The split of a global batch may change (the data order depends on the global batch
+        // alone); cursors from before the global batch was recorded keep their batch size.
+        let (size_field, expected, found) = if self.global_batch == 0 {
+            ("batch_size", this.batch_size, self.batch_size)
+        } else {
+            (
+                "global batch (batch_size x grad_accum)",
+                this.global_rows(),
+                self.global_rows(),
+            )
+        };
+        let drawn = self.step * self.batch_size as u64;
+        if self.global_batch != 0 && !drawn.is_multiple_of(this.batch_size.max(1) as u64) {
+            return Err(DataError::CursorMismatch {
+                field: "batch_size",
+                expected: format!("a divisor of the {drawn} rows drawn"),
+                found: this.batch_size.to_string(),
+            });
+        }
         let fields: [(&'static str, String, String); 4] = [
             ("mode", this.mode.to_string(), self.mode.to_string()),
-            (
-                "batch_size",
-                this.batch_size.to_string(),
-                self.batch_size.to_string(),
-            ),
+            (size_field, expected.to_string(), found.to_string()),
             (
                 "seq_len",
                 this.seq_len.to_string(),

@@ -307,6 +307,7 @@ impl SftDataset {
 #[derive(Clone, Debug)]
 pub struct SftSampler {
     batch_size: usize,
+    global_rows: usize,
     seq_len: usize,
     step: u64,
     order: EpochOrder,
@@ -324,6 +325,7 @@ impl SftSampler {
         }
         Ok(SftSampler {
             batch_size,
+            global_rows: batch_size,
             seq_len,
             step: 0,
             order: EpochOrder::new(num_rows, seed),
@@ -346,13 +348,30 @@ impl SftSampler {
             epoch: self.order.epoch,
             position: self.order.position,
             step: self.step,
+            global_batch: self.global_rows,
         }
+    }
+
+    /// Records the global batch (`batch_size x grad_accum`) in the cursor, so that a resume may
+    /// split it differently (the epoch order is one row after another whatever the split).
+    pub fn with_global_batch(mut self, global_rows: usize) -> Result<Self> {
+        if global_rows == 0 || !global_rows.is_multiple_of(self.batch_size) {
+            return Err(DataError::option(
+                "global batch",
+                format!(
+                    "{global_rows} rows is not a multiple of the batch size {}",
+                    self.batch_size
+                ),
+            ));
+        }
+        self.global_rows = global_rows;
+        Ok(self)
     }
 
     /// Continues from a saved cursor (same checks as [`crate::WindowSampler::restore`]).
     pub fn restore(&mut self, c: &Cursor) -> Result<()> {
         c.check_compatible(&self.cursor())?;
-        self.step = c.step;
+        self.step = c.steps_at(self.batch_size);
         self.order.seek(c.seed, c.epoch, c.position);
         Ok(())
     }

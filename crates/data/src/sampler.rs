@@ -2,8 +2,10 @@
 //! inputs (`w[0..T]`) and targets (`w[1..T + 1]`).
 //!
 //! Two modes ([`SampleMode`]):
-//! - `Random`: each row starts at a uniformly random token (nanoGPT's sampler). Batch `k` draws
-//!   from RNG stream `k`, so the cursor is just the step.
+//! - `Random`: each row starts at a uniformly random token (nanoGPT's sampler). Global batch
+//!   `k` (the `batch_size x grad_accum` rows of one optimizer step) draws from RNG stream `k`,
+//!   row `j` of it from the stream's `j`-th value: the rows of a step depend on the seed, the
+//!   data and the global batch, never on how it is split into micro-batches.
 //! - `Epochs`: the stream is cut into `(N - 1) / T` windows of stride `T` (inputs never
 //!   overlap), shifted by a random offset in `[0, slack]` per epoch, and visited in a seeded
 //!   shuffled order per epoch. A batch that crosses an epoch boundary continues into the next
@@ -25,6 +27,8 @@ pub struct WindowSampler {
     mode: SampleMode,
     seed: u64,
     step: u64,
+    /// Rows of a global batch (random mode's stream unit).
+    global_rows: usize,
     /// Window starts to draw from (random) or windows per epoch (epochs).
     num_items: usize,
     /// Epochs mode: unused tokens at offset 0, the range of the per-epoch offset.
@@ -76,6 +80,7 @@ impl WindowSampler {
             mode,
             seed,
             step: 0,
+            global_rows: batch_size,
             num_items,
             slack,
             order,
@@ -108,6 +113,22 @@ impl WindowSampler {
         })
     }
 
+    /// Batches of `global_rows` rows (a multiple of the batch size: `batch_size x grad_accum`)
+    /// decide the data order; the default is one batch.
+    pub fn with_global_batch(mut self, global_rows: usize) -> Result<Self> {
+        if global_rows == 0 || !global_rows.is_multiple_of(self.batch_size) {
+            return Err(DataError::option(
+                "global batch",
+                format!(
+                    "{global_rows} rows is not a multiple of the batch size {}",
+                    self.batch_size
+                ),
+            ));
+        }
+        self.global_rows = global_rows;
+        Ok(self)
+    }
+
     /// The state after the batches produced so far.
     pub fn cursor(&self) -> Cursor {
         let (epoch, position) = self
@@ -123,6 +144,7 @@ impl WindowSampler {
             epoch,
             position,
             step: self.step,
+            global_batch: self.global_rows,
         }
     }
 
@@ -131,7 +153,13 @@ impl WindowSampler {
     pub fn restore(&mut self, c: &Cursor) -> Result<()> {
         c.check_compatible(&self.cursor())?;
         self.seed = c.seed;
-        self.step = c.step;
+        self.step = c.steps_at(self.batch_size);
+        // A cursor from before the global batch was recorded drew one stream per batch.
+        self.global_rows = if c.global_batch == 0 {
+            c.batch_size
+        } else {
+            self.global_rows
+        };
         if let Some(o) = self.order.as_mut() {
             o.seek(c.seed, c.epoch, c.position);
         }
@@ -158,7 +186,12 @@ impl WindowSampler {
         let (b, t) = (self.batch_size, self.seq_len);
         let mut inputs = Vec::with_capacity(b * t);
         let mut targets = Vec::with_capacity(b * t);
-        let mut rng = stream_rng(self.seed, self.step);
+        let first = self.step * b as u64;
+        let g = self.global_rows as u64;
+        let mut rng = stream_rng(self.seed, first / g);
+        // Row j of a global batch takes the stream's j-th value (`below` draws one u64, two
+        // 32-bit words).
+        rng.set_word_pos(u128::from(first % g) * 2);
         for _ in 0..b {
             let start = match self.order.as_mut() {
                 None => below(&mut rng, self.num_items as u64) as usize,

@@ -125,6 +125,67 @@ fn resume_from_json_cursor_is_exact() {
     }
 }
 
+/// The rows of global batch k are the same whatever its split into micro-batches (16 x 1,
+/// 8 x 2, 4 x 4, 2 x 8), in both modes; a cursor taken under one split resumes under another
+/// and continues the same rows; a cursor written before the global batch was recorded resumes
+/// with its own batch size only.
+#[test]
+fn rows_depend_on_the_global_batch_not_its_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(dir.path());
+    let (g, t, steps) = (16, 32, 5);
+    let rows = |b: &Batch| -> Vec<Vec<u32>> { b.inputs.chunks(t).map(<[u32]>::to_vec).collect() };
+    for mode in [SampleMode::Random, SampleMode::Epochs] {
+        let sampler = |b: usize| {
+            WindowSampler::new(store.len(), b, t, mode, 7)
+                .unwrap()
+                .with_global_batch(g)
+                .unwrap()
+        };
+        let drawn = |s: &mut WindowSampler, n: usize| -> Vec<Vec<u32>> {
+            run(s, &store, n).iter().flat_map(rows).collect()
+        };
+        let whole = drawn(&mut sampler(g), steps);
+        for b in [8, 4, 2] {
+            assert_eq!(
+                drawn(&mut sampler(b), steps * g / b),
+                whole,
+                "{mode}: {b} x {}",
+                g / b
+            );
+        }
+        // 8 x 2 for two steps, then resumed as 4 x 4.
+        let mut first = sampler(8);
+        let mut got = drawn(&mut first, 4);
+        let mut second = sampler(4);
+        second.restore(&first.cursor()).unwrap();
+        got.extend(drawn(&mut second, (steps - 2) * 4));
+        assert_eq!(got, whole, "{mode}: resumed under another split");
+        // The global batch itself decides the order: 8 rows a step draws others (random).
+        if mode == SampleMode::Random {
+            let other = WindowSampler::new(store.len(), 8, t, mode, 7)
+                .unwrap()
+                .with_global_batch(8)
+                .unwrap();
+            assert_ne!(drawn(&mut other.clone(), 2), whole[..16].to_vec());
+        }
+    }
+    // An old cursor (no global batch): the same batch size resumes; another is refused.
+    let mut old = WindowSampler::new(store.len(), 8, t, SampleMode::Random, 7).unwrap();
+    run(&mut old, &store, 3);
+    let mut cursor = old.cursor();
+    cursor.global_batch = 0;
+    let mut same = WindowSampler::new(store.len(), 8, t, SampleMode::Random, 7)
+        .unwrap()
+        .with_global_batch(16)
+        .unwrap();
+    same.restore(&cursor).unwrap();
+    assert_eq!(run(&mut same, &store, 1), run(&mut old, &store, 1));
+    let mut other = WindowSampler::new(store.len(), 4, t, SampleMode::Random, 7).unwrap();
+    let e = other.restore(&cursor).unwrap_err().to_string();
+    assert!(e.contains("batch_size is 8"), "{e}");
+}
+
 #[test]
 fn cursor_json_is_small_and_restore_checks_shape() {
     let mut s = WindowSampler::new(1000, 4, 10, SampleMode::Epochs, 3).unwrap();
@@ -132,13 +193,13 @@ fn cursor_json_is_small_and_restore_checks_shape() {
     assert_eq!(
         json,
         serde_json::json!({"mode": "epochs", "seed": 3, "batch_size": 4, "seq_len": 10,
-            "num_items": 99, "epoch": 0, "position": 0, "step": 0})
+            "num_items": 99, "epoch": 0, "position": 0, "step": 0, "global_batch": 4})
     );
     let other = WindowSampler::new(1000, 8, 10, SampleMode::Epochs, 3).unwrap();
     let e = s.restore(&other.cursor()).unwrap_err().to_string();
     assert_eq!(
         e,
-        "cannot restore data cursor: batch_size is 8 in the cursor but 4 in this sampler"
+        "cannot restore data cursor: global batch (batch_size x grad_accum) is 8 in the cursor but 4 in this sampler"
     );
     let random = WindowSampler::new(1000, 4, 10, SampleMode::Random, 3).unwrap();
     assert!(

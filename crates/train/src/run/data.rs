@@ -118,7 +118,8 @@ impl DataPipeline {
                     template,
                 };
                 let train = Arc::new(SftDataset::load(&d.inputs[0], &tok, &opts)?);
-                let mut sampler = SftSampler::for_dataset(&train, t.batch_size, seed)?;
+                let mut sampler = SftSampler::for_dataset(&train, t.batch_size, seed)?
+                    .with_global_batch(t.batch_size * t.grad_accum)?;
                 if let Some(c) = cursor {
                     sampler.restore(c)?;
                 }
@@ -155,7 +156,8 @@ impl DataPipeline {
                 let hash = tok.hash();
                 let train = Arc::new(TokenStore::open(&out, Split::Train, Some(&hash))?);
                 let mut sampler =
-                    WindowSampler::for_store(&train, t.batch_size, t.seq_len, d.sampling, seed)?;
+                    WindowSampler::for_store(&train, t.batch_size, t.seq_len, d.sampling, seed)?
+                        .with_global_batch(t.batch_size * t.grad_accum)?;
                 if let Some(c) = cursor {
                     sampler.restore(c)?;
                 }

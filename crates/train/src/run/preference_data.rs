@@ -70,7 +70,8 @@ pub(super) fn open(
         None => train.clone(),
     };
     let pad = tok.require_eos()?;
-    let mut sampler = SftSampler::new(train.pairs.len(), t.batch_size, t.seq_len, t.seed)?;
+    let mut sampler = SftSampler::new(train.pairs.len(), t.batch_size, t.seq_len, t.seed)?
+        .with_global_batch(t.batch_size * t.grad_accum)?;
     if let Some(c) = cursor {
         sampler.restore(c)?;
     }

@@ -96,7 +96,8 @@ pub(super) fn open(
         None => train.clone(),
     };
     let pad = tok.require_eos()?;
-    let mut sampler = SftSampler::new(train.items.len(), t.batch_size, 1, t.seed)?;
+    let mut sampler = SftSampler::new(train.items.len(), t.batch_size, 1, t.seed)?
+        .with_global_batch(t.batch_size * t.grad_accum)?;
     if let Some(c) = cursor {
         sampler.restore(c)?;
     }

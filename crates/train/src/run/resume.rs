@@ -79,10 +79,21 @@ pub fn architecture_diff(old: &Qwen3Config, new: &Qwen3Config) -> Vec<String> {
 }
 
 /// Run settings the checkpoint's data cursor is tied to: the sampler resumes at a position in
-/// a stream of `[batch_size, seq_len]` rows drawn in one mode, so changing one of these cannot
-/// continue that stream.
+/// a stream of global batches (`batch_size x grad_accum` rows of `seq_len`) drawn in one mode,
+/// so changing one of these cannot continue that stream. The split of the global batch into
+/// `batch_size` and `grad_accum` may change: the data order does not depend on it.
 const CURSOR_KEYS: &[&str] = &[
+    "training.batch_size x training.grad_accum",
+    "training.seq_len",
+    "data.kind",
+    "data.sampling",
+    "data.pack",
+];
+
+/// [`CURSOR_KEYS`] as written, for a saved table that no longer parses.
+const WRITTEN_CURSOR_KEYS: &[&str] = &[
     "training.batch_size",
+    "training.grad_accum",
     "training.seq_len",
     "data.kind",
     "data.sampling",
@@ -96,13 +107,13 @@ fn cursor_changes(saved_run: &toml::Table, config: &RunConfig) -> Vec<String> {
     let Ok(saved) = RunConfig::from_table(saved_run.clone()) else {
         return changed(&run_json(saved_run), &run_json(&config.table))
             .into_iter()
-            .filter(|(k, _, _)| CURSOR_KEYS.contains(&k.as_str()))
+            .filter(|(k, _, _)| WRITTEN_CURSOR_KEYS.contains(&k.as_str()))
             .map(|(k, a, b)| format!("{k}: checkpoint {a} vs config {b}"))
             .collect();
     };
     let values = |c: &RunConfig| {
         [
-            c.training.batch_size.to_string(),
+            (c.training.batch_size * c.training.grad_accum).to_string(),
             c.training.seq_len.to_string(),
             c.data.kind.as_str().to_string(),
             format!("{:?}", c.data.sampling).to_lowercase(),
@@ -307,9 +318,15 @@ mod tests {
         assert_eq!(
             cursor_changes(&saved, &other),
             [
-                "training.batch_size: checkpoint 2 vs config 4",
+                "training.batch_size x training.grad_accum: checkpoint 2 vs config 4",
                 "data.sampling: checkpoint random vs config epochs"
             ]
         );
+        // Another split of the same global batch is no change.
+        let mut split = table("");
+        split["training"]["batch_size"] = toml::Value::Integer(1);
+        split["training"]["grad_accum"] = toml::Value::Integer(2);
+        let split = RunConfig::from_table(split).unwrap();
+        assert!(cursor_changes(&saved, &split).is_empty());
     }
 }
