@@ -61,6 +61,7 @@ fn main() {
         "src/config/sections.rs",
         "src/config/lora.rs",
         "src/config/preference.rs",
+        "src/config/rl.rs",
     ] {
         println!("cargo:rerun-if-changed={path}");
         let source = std::fs::read_to_string(path).expect("config sources");

@@ -91,12 +91,21 @@ fn check(model_name: &str, device: &Device) {
                 );
             }
         }
-        for key in ["acc", "acc_norm", "acc_stderr", "acc_norm_stderr"] {
+        for key in [
+            "acc",
+            "acc_norm",
+            "acc_bytes",
+            "acc_stderr",
+            "acc_norm_stderr",
+            "acc_bytes_stderr",
+        ] {
             let ours = match key {
                 "acc" => result.acc,
                 "acc_norm" => result.acc_norm,
+                "acc_bytes" => result.acc_bytes,
                 "acc_stderr" => result.acc_stderr,
-                _ => result.acc_norm_stderr,
+                "acc_norm_stderr" => result.acc_norm_stderr,
+                _ => result.acc_bytes_stderr,
             };
             let theirs = want[key].as_f64().unwrap();
             assert!(

@@ -18,7 +18,8 @@ pub struct Args {
     #[arg(long, required_unless_present_any = ["task", "pairs", "generate"], conflicts_with_all = ["task", "pairs", "generate"])]
     pub text: Option<PathBuf>,
     /// Multiple-choice task file (JSONL or .parquet; HellaSwag, ARC, PIQA, MMLU or plain
-    /// `context`/`choices`/`gold` rows) to score by log-likelihood: prints acc and acc_norm.
+    /// `context`/`choices`/`gold` rows) to score by log-likelihood: prints acc, acc_norm (per character, as
+    /// lm-evaluation-harness) and acc_bytes (per UTF-8 byte).
     #[arg(long)]
     pub task: Option<PathBuf>,
     /// Preference pairs (JSONL in TRL's layouts: prompt/chosen/rejected) to rank: prints one
@@ -278,7 +279,7 @@ fn run_task(
         println!("{}", serde_json::to_string(&result)?);
     } else {
         println!(
-            "{} ({}, {} questions, {}-shot): acc {:.4} ± {:.4} | acc_norm {:.4} ± {:.4} | chance {:.4} | {:.1} s",
+            "{} ({}, {} questions, {}-shot): acc {:.4} ± {:.4} | acc_norm {:.4} ± {:.4} | acc_bytes {:.4} ± {:.4} | chance {:.4} | {:.1} s",
             result.task,
             result.layout,
             result.questions,
@@ -287,6 +288,8 @@ fn run_task(
             result.acc_stderr,
             result.acc_norm,
             result.acc_norm_stderr,
+            result.acc_bytes,
+            result.acc_bytes_stderr,
             result.chance,
             result.seconds
         );

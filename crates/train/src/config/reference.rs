@@ -31,6 +31,7 @@ fn defaults(section: &str) -> toml::Table {
         "lora" => table(LoraConfig::default()),
         "preference" => table(super::PreferenceConfig::default()),
         "rl" => table(super::RlConfig::default()),
+        "rl.rewards" => table(super::RewardSpec::default()),
         _ => toml::Table::new(),
     }
 }
@@ -77,7 +78,15 @@ pub fn reference() -> String {
         if section != current {
             current = section;
             values = defaults(section);
-            out.push_str(&format!("\n[{section}]\n"));
+            // A list of tables (`rl.rewards`) is written `[[...]]`, one table per entry.
+            let list = KEYS
+                .iter()
+                .any(|&(s, k, ty, _)| format!("{s}.{k}") == section && ty.starts_with("Vec<"));
+            if list {
+                out.push_str(&format!("\n[[{section}]]\n"));
+            } else {
+                out.push_str(&format!("\n[{section}]\n"));
+            }
         }
         comment(&format!("{doc} ({ty})"), &mut out);
         match values.get(key) {

@@ -127,11 +127,16 @@ pub struct TaskRecord {
     /// Its standard error.
     #[serde(deserialize_with = "nan_if_null")]
     pub acc_stderr: f64,
-    /// Accuracy by log-likelihood per byte.
+    /// Accuracy by log-likelihood per character of the choice (lm-evaluation-harness's
+    /// `acc_norm`; records written before 2026-11-26 divided by bytes here).
     pub acc_norm: f64,
     /// Its standard error.
     #[serde(deserialize_with = "nan_if_null")]
     pub acc_norm_stderr: f64,
+    /// Accuracy by log-likelihood per UTF-8 byte of the choice (the harness's `acc_bytes`;
+    /// absent in records written before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acc_bytes: Option<f64>,
     /// Accuracy of a uniform guess.
     pub chance: f64,
 }
@@ -147,6 +152,7 @@ impl TaskRecord {
             acc_stderr: result.acc_stderr,
             acc_norm: result.acc_norm,
             acc_norm_stderr: result.acc_norm_stderr,
+            acc_bytes: Some(result.acc_bytes),
             chance: result.chance,
         }
     }

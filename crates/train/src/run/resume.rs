@@ -325,7 +325,10 @@ mod tests {
         // Another split of the same global batch is no change.
         let mut split = table("");
         split["training"]["batch_size"] = toml::Value::Integer(1);
-        split["training"]["grad_accum"] = toml::Value::Integer(2);
+        split["training"]
+            .as_table_mut()
+            .unwrap()
+            .insert("grad_accum".into(), toml::Value::Integer(2));
         let split = RunConfig::from_table(split).unwrap();
         assert!(cursor_changes(&saved, &split).is_empty());
     }

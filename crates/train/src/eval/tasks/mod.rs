@@ -6,8 +6,9 @@
 //! and the continuation's tokens are the whole's tokens after as many as the context alone
 //! encodes to. (An empty context is the document separator alone.) `acc` counts questions whose
 //! highest log-likelihood is the right choice; `acc_norm` divides each log-likelihood by the
-//! choice's length in UTF-8 bytes first (the harness divides by `len(choice)` in characters:
-//! the same for ASCII). Ties go to the first choice, as `numpy.argmax` does. Standard errors
+//! choice's length in characters first (the harness's `len(choice)`, Unicode code points) and
+//! `acc_bytes` by its length in UTF-8 bytes (the harness's `acc_bytes`); the two differ only
+//! on non-ASCII choices. Ties go to the first choice, as `numpy.argmax` does. Standard errors
 //! are the harness's: the sample standard deviation over questions divided by `sqrt(n)`.
 //!
 //! The context is computed once per question: one forward fills a KV cache with the contexts of
@@ -41,14 +42,18 @@ pub struct QuestionScore {
     pub encoded: EncodedQuestion,
     /// Log-likelihood of each continuation.
     pub loglik: Vec<f64>,
-    /// UTF-8 bytes of each choice (the `acc_norm` divisor).
+    /// Characters (code points) of each choice (the `acc_norm` divisor).
+    pub choice_chars: Vec<usize>,
+    /// UTF-8 bytes of each choice (the `acc_bytes` divisor).
     pub choice_bytes: Vec<usize>,
     /// The right choice.
     pub gold: usize,
     /// The choice with the highest log-likelihood.
     pub pred: usize,
-    /// The choice with the highest log-likelihood per byte.
+    /// The choice with the highest log-likelihood per character.
     pub pred_norm: usize,
+    /// The choice with the highest log-likelihood per byte.
+    pub pred_bytes: usize,
     /// Context tokens dropped on the left to fit the model.
     pub truncated: usize,
 }
@@ -64,14 +69,15 @@ fn argmax(values: impl Iterator<Item = f64>) -> usize {
     best.0
 }
 
-/// The choice `acc` picks (highest log-likelihood) and the one `acc_norm` picks (highest
-/// log-likelihood per UTF-8 byte of the choice; an empty choice keeps its plain score).
-pub fn predictions(loglik: &[f64], choice_bytes: &[usize]) -> (usize, usize) {
+/// The choice `acc` picks (highest log-likelihood) and the one a length-normalised accuracy
+/// picks (highest log-likelihood per unit of `lengths`: characters for `acc_norm`, bytes for
+/// `acc_bytes`; an empty choice keeps its plain score).
+pub fn predictions(loglik: &[f64], lengths: &[usize]) -> (usize, usize) {
     let pred = argmax(loglik.iter().copied());
     let pred_norm = argmax(
         loglik
             .iter()
-            .zip(choice_bytes)
+            .zip(lengths)
             .map(|(&l, &b)| if b == 0 { l } else { l / b as f64 }),
     );
     (pred, pred_norm)
@@ -110,10 +116,14 @@ pub struct TaskResult {
     pub acc: f64,
     /// Its standard error.
     pub acc_stderr: f64,
-    /// Accuracy with log-likelihoods per byte of the choice.
+    /// Accuracy with log-likelihoods per character of the choice.
     pub acc_norm: f64,
     /// Its standard error.
     pub acc_norm_stderr: f64,
+    /// Accuracy with log-likelihoods per UTF-8 byte of the choice.
+    pub acc_bytes: f64,
+    /// Its standard error.
+    pub acc_bytes_stderr: f64,
     /// Expected accuracy of a uniform guess (mean of 1 / choices).
     pub chance: f64,
     /// Questions whose context was cut on the left to fit the model.
@@ -218,16 +228,20 @@ pub fn evaluate_task(
         })?;
         for ((q, encoded), (loglik, truncated)) in group.into_iter().zip(results) {
             let item = &task.items[q];
+            let choice_chars: Vec<usize> = item.choices.iter().map(|c| c.chars().count()).collect();
             let choice_bytes: Vec<usize> = item.choices.iter().map(String::len).collect();
-            let (pred, pred_norm) = predictions(&loglik, &choice_bytes);
+            let (pred, pred_norm) = predictions(&loglik, &choice_chars);
+            let (_, pred_bytes) = predictions(&loglik, &choice_bytes);
             scores.push(QuestionScore {
                 index: q,
                 encoded,
                 loglik,
+                choice_chars,
                 choice_bytes,
                 gold: item.gold,
                 pred,
                 pred_norm,
+                pred_bytes,
                 truncated,
             });
         }
@@ -247,8 +261,10 @@ pub fn evaluate_task(
     }
     let correct: Vec<bool> = scores.iter().map(|s| s.pred == s.gold).collect();
     let correct_norm: Vec<bool> = scores.iter().map(|s| s.pred_norm == s.gold).collect();
+    let correct_bytes: Vec<bool> = scores.iter().map(|s| s.pred_bytes == s.gold).collect();
     let (acc, acc_stderr) = mean_stderr(&correct);
     let (acc_norm, acc_norm_stderr) = mean_stderr(&correct_norm);
+    let (acc_bytes, acc_bytes_stderr) = mean_stderr(&correct_bytes);
     let chance = scores
         .iter()
         .map(|s| 1.0 / s.loglik.len() as f64)
@@ -264,6 +280,8 @@ pub fn evaluate_task(
             acc_stderr,
             acc_norm,
             acc_norm_stderr,
+            acc_bytes,
+            acc_bytes_stderr,
             chance,
             truncated_questions: scores.iter().filter(|s| s.truncated > 0).count(),
             seconds: started.elapsed().as_secs_f64(),
@@ -290,7 +308,11 @@ mod tests {
         assert_eq!(predictions(&[-6.0, -9.0, -4.0], &[3, 4, 1]), (2, 0));
         // Ties go to the first choice in both.
         assert_eq!(predictions(&[-4.0, -4.0], &[2, 2]), (0, 0));
-        // Multi-byte choices divide by bytes: "é" is 2 bytes, so -3/2 beats -2/1.
+        // "é" is 1 character but 2 bytes: per character -2/1 beats -3/1, per byte -3/2 beats -2/1.
+        assert_eq!(
+            predictions(&[-2.0, -3.0], &[1, "é".chars().count()]),
+            (0, 0)
+        );
         assert_eq!(predictions(&[-2.0, -3.0], &[1, "é".len()]), (0, 1));
     }
 
