@@ -329,8 +329,10 @@ fn sigkill_between_checkpoints_resumes_exactly_and_the_run_dir_has_one_writer() 
 }
 
 /// `--from-checkpoint` branches a new run from a stable-phase checkpoint of a WSD run with a
-/// shorter horizon: it equals its parent bit for bit until its own decay starts, then cools
-/// down; its directory records where it branched, and a used run directory is refused.
+/// shorter horizon: its first step equals the parent's bit for bit (same weights, optimizer
+/// state and data), at its own lower learning rate, then it cools down; no warning, since the
+/// learning rate does not jump at the branch point. A branch from the parent's decay warns.
+/// Its directory records where it branched, and a used run directory is refused.
 #[test]
 fn a_branch_equals_its_parent_until_its_own_decay() {
     let tmp = tempfile::tempdir().unwrap();
@@ -351,7 +353,13 @@ fn a_branch_equals_its_parent_until_its_own_decay() {
     let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&branch)];
     args.extend(wsd);
     args.extend(["--from-checkpoint", s(&from), "--max-steps", "8"]);
-    ok(&qwen_burn(&args, &[]));
+    let out = qwen_burn(&args, &[]);
+    ok(&out);
+    assert!(
+        !stderr(&out).contains("warning: branching"),
+        "{}",
+        stderr(&out)
+    );
 
     let records = |run: &std::path::Path| -> Vec<(u64, f64, f64)> {
         std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -370,22 +378,30 @@ fn a_branch_equals_its_parent_until_its_own_decay() {
         b.iter().map(|r| r.0).collect::<Vec<_>>(),
         (1..=8).collect::<Vec<_>>()
     );
-    // Steps 1-6 share learning rates (warmup, then the peak), so the branch repeats its parent
-    // exactly; step 7 is the branch's first decay step: same loss (it is computed before the
-    // update), lower learning rate; from step 8 on the weights differ.
-    for i in 0..7 {
-        assert_eq!(
-            p[i].1.to_bits(),
-            b[i].1.to_bits(),
-            "step {}: loss {p:?} vs {b:?}",
-            i + 1
-        );
-    }
-    for i in 0..6 {
-        assert_eq!(p[i].2, b[i].2, "step {}: lr", i + 1);
-    }
+    // Steps 1-6 of the branch's records are the parent's, copied. Step 7 is the branch's own
+    // first step, its first decay step: the parent's loss (computed from the same weights and
+    // data, before the update), at a lower learning rate; from step 8 on the weights differ.
+    assert_eq!(
+        p[6].1.to_bits(),
+        b[6].1.to_bits(),
+        "step 7: loss {p:?} vs {b:?}"
+    );
     assert!(b[6].2 < p[6].2, "the branch decays from step 7: {b:?}");
     assert!(b[7].1 != p[7].1, "different weights after step 7");
+    // From the parent's decay (its step 9) into a longer run: the learning rate would jump.
+    let late = tmp.path().join("late");
+    let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&late)];
+    args.extend(wsd);
+    let from_decay = parent.join("checkpoints/step-00000009");
+    args.extend(["--from-checkpoint", s(&from_decay), "--max-steps", "20"]);
+    let out = qwen_burn(&args, &[]);
+    ok(&out);
+    assert!(
+        stderr(&out).contains("warning: branching after step 9")
+            && stderr(&out).contains("during the parent's WSD decay"),
+        "{}",
+        stderr(&out)
+    );
     let origin: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(branch.join("branch.json")).unwrap())
             .unwrap();

@@ -56,15 +56,37 @@ fn tasks_are_scored_during_training_and_from_the_command_line() {
         );
         assert!((r["chance"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-12);
     }
-    // Validation records carry bits per byte.
+    // Validation records carry bits per byte: the summed loss over the validation targets in
+    // bits, over the UTF-8 bytes of their text (the document separator has none), decoded
+    // here from the validation split the run read.
+    let store = qwen_burn_data::TokenStore::open(
+        &tmp.path().join("shards"),
+        qwen_burn_data::Split::Val,
+        None,
+    )
+    .unwrap();
+    let tok = qwen_burn_data::Tok::from_file(&repo_root().join("datasets/tokenizer.json")).unwrap();
+    let eos = tok.require_eos().unwrap();
+    let (mut targets, mut bytes) = (0usize, 0usize);
+    for batch in qwen_burn_data::eval_batches(&store, 4, 32, 2) {
+        for row in batch.targets.chunks(batch.seq_len) {
+            targets += row.len();
+            let ids: Vec<u32> = row
+                .iter()
+                .map(|&t| t as u32)
+                .filter(|&t| t != eos)
+                .collect();
+            bytes += tok.decode(&ids).unwrap().len();
+        }
+    }
     let val = records(&run, "val");
     assert!(!val.is_empty());
     for v in &val {
         let (loss, bpb) = (v["loss"].as_f64().unwrap(), v["bpb"].as_f64().unwrap());
-        // About 4 bytes per token of English for this tokenizer: bpb well below loss / ln 2.
+        let expected = loss * targets as f64 / std::f64::consts::LN_2 / bytes as f64;
         assert!(
-            bpb > 0.0 && bpb < loss / std::f64::consts::LN_2 / 2.0,
-            "{v}"
+            (bpb - expected).abs() <= 1e-9 * expected,
+            "{v}: bpb {bpb}, expected {expected} ({targets} targets, {bytes} bytes)"
         );
     }
 
