@@ -2,7 +2,9 @@
 //! gradients, for a tall, a wide and a square matrix, with both learning-rate scales by shape.
 //! The fixture (`tests/fixtures/muon/make_muon_fixture.py`) holds torch's steps as shipped
 //! (Newton–Schulz in bfloat16) and with the iteration in float32, the reference of this f32
-//! implementation. Also which parameters Muon trains: dense, MoE, tied and LoRA models.
+//! implementation; on Flex with its fused Newton–Schulz kernel, and on the composed path that
+//! NdArray, wgpu and `fused_kernels = false` take. Also which parameters Muon trains: dense,
+//! MoE, tied and LoRA models.
 
 use std::path::Path;
 
@@ -36,10 +38,28 @@ fn burn_layout(flat: &[f32], out: usize, inp: usize, device: &Device) -> Tensor<
 
 #[test]
 fn one_and_three_steps_equal_torch_muon() {
+    check_against_torch(&Device::flex(), "flex, fused", true);
+}
+
+#[test]
+fn the_composed_path_equals_torch_muon_too() {
+    qwen_burn_kernels::with_fused_kernels(false, || {
+        check_against_torch(&Device::flex(), "flex, fused_kernels = false", false)
+    });
+}
+
+#[test]
+#[allow(deprecated)] // Device::ndarray: deprecated upstream, still a supported device here.
+fn ndarray_equals_torch_muon() {
+    check_against_torch(&Device::ndarray(), "ndarray", false);
+}
+
+/// Muon's steps on `device` against torch's; `fused` says which path must run there.
+fn check_against_torch(device: &Device, path_name: &str, fused: bool) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/muon/expected.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let lr = fixture["lr"].as_f64().unwrap();
-    let device = Device::flex();
+    let device = device.clone();
     let mut worst = (0.0f32, 0.0f32);
     for case in fixture["cases"].as_array().unwrap() {
         let shape: Vec<usize> = case["shape_torch"]
@@ -67,6 +87,11 @@ fn one_and_three_steps_equal_torch_muon() {
             };
             let muon = TorchLayoutMuon::new(&cfg);
             let mut w = burn_layout(&floats(&case["w0"]), out, inp, &device);
+            assert_eq!(
+                qwen_burn_kernels::fused_newton_schulz_applies(&w),
+                fused,
+                "{path_name}: the path under test"
+            );
             let mut state = None;
             for (k, g) in case["grads"].as_array().unwrap().iter().enumerate() {
                 let g = burn_layout(&floats(g), out, inp, &device);
@@ -93,8 +118,8 @@ fn one_and_three_steps_equal_torch_muon() {
                     }
                     assert!(
                         diff <= tol,
-                        "[{out}, {inp}] {name} step {}: max |ours - torch| {diff:.2e} > {tol:.0e} \
-                         ({})",
+                        "{path_name}: [{out}, {inp}] {name} step {}: max |ours - torch| {diff:.2e} \
+                         > {tol:.0e} ({})",
                         k + 1,
                         if slot == 0 {
                             "f32 iteration"
@@ -107,7 +132,7 @@ fn one_and_three_steps_equal_torch_muon() {
         }
     }
     eprintln!(
-        "worst |Muon - torch|: {:.2e} (f32 iteration), {:.2e} (torch's bf16)",
+        "{path_name}: worst |Muon - torch|: {:.2e} (f32 iteration), {:.2e} (torch's bf16)",
         worst.0, worst.1
     );
 }
