@@ -46,6 +46,6 @@ pub use prepare::{PrepareOptions, prepare, prepare_with_shard_size};
 pub use prompts::{PromptItem, PromptSet, load_prompts};
 pub use sampler::{WindowSampler, eval_batches};
 pub use shards::{ShardFile, ShardMeta, SourceMeta, Split, SplitMeta, TokenStore};
-pub use tasks::{Layout, McItem, McTask, read_task};
+pub use tasks::{Fewshot, FewshotSampler, Layout, McItem, McTask, read_task};
 pub use template::ChatTemplate;
 pub use tokenizer::{Tok, TrainBpeOptions, default_special_tokens, train_bpe};

@@ -130,17 +130,81 @@ pub struct McTask {
     pub layout: Layout,
     /// Its questions, in file order.
     pub items: Vec<McItem>,
+    /// Where few-shot examples come from when not from the task's other questions: a train or
+    /// dev split ([`McTask::with_fewshot`]).
+    pub fewshot: Option<Fewshot>,
+}
+
+/// A few-shot split: its file, examples and how they are picked.
+#[derive(Debug, Clone)]
+pub struct Fewshot {
+    /// The file.
+    pub path: PathBuf,
+    /// Its questions, in file order.
+    pub items: Vec<McItem>,
+    /// How `shots` of them are picked.
+    pub sampler: FewshotSampler,
+}
+
+/// lm-evaluation-harness's few-shot samplers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FewshotSampler {
+    /// The split's first `shots` questions, for every question (the harness's `first_n`, what
+    /// MMLU uses with its dev split): the harness's exact examples.
+    FirstN,
+    /// A uniform draw without replacement, seeded by the seed and the question's index (the
+    /// harness's `default` sampler draws with Python's `random.Random(1234)` across questions
+    /// in order: the same law, other draws).
+    Random,
 }
 
 impl McTask {
-    /// The context of question `index` with `shots` examples drawn from the task's other
-    /// questions: the description, the examples, then the prompt.
+    /// The task with its few-shot examples taken from `split` (read with [`read_task`]) by
+    /// `sampler`, as the harness takes them from a train or dev split.
+    pub fn with_fewshot(mut self, split: McTask, sampler: FewshotSampler) -> Self {
+        self.fewshot = Some(Fewshot {
+            path: split.path,
+            items: split.items,
+            sampler,
+        });
+        self
+    }
+
+    /// The context of question `index` with `shots` examples: the description, the examples,
+    /// then the prompt. The examples come from the few-shot split when there is one
+    /// ([`McTask::with_fewshot`]), else from the task's other questions.
     ///
-    /// The examples are a uniform draw without replacement from every other question, seeded
-    /// by `seed` and `index` alone, so a question gets the same examples whatever `--limit`
-    /// or the order of evaluation.
+    /// A random draw is without replacement, seeded by `seed` and `index` alone, so a question
+    /// gets the same examples whatever `--limit` or the order of evaluation.
     pub fn context(&self, index: usize, shots: usize, seed: u64) -> Result<String> {
         let item = &self.items[index];
+        if let Some(f) = &self.fewshot {
+            if shots > f.items.len() {
+                return Err(DataError::option(
+                    "shots",
+                    format!(
+                        "{shots} few-shot examples asked for, but the few-shot file {} has only {}",
+                        f.path.display(),
+                        f.items.len()
+                    ),
+                ));
+            }
+            let mut text = item.description.clone();
+            let picked: Vec<usize> = match f.sampler {
+                FewshotSampler::FirstN => (0..shots).collect(),
+                FewshotSampler::Random => {
+                    let mut rng = ChaCha8Rng::seed_from_u64(
+                        seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    );
+                    sample(&mut rng, f.items.len(), shots).into_iter().collect()
+                }
+            };
+            for j in picked {
+                text.push_str(&f.items[j].as_example());
+            }
+            text.push_str(&item.prompt);
+            return Ok(text);
+        }
         let others = self.items.len() - 1;
         if shots > others {
             return Err(DataError::option(
@@ -207,6 +271,7 @@ pub fn read_task(path: &Path) -> Result<McTask> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(McTask {
+        fewshot: None,
         path: path.to_path_buf(),
         layout,
         items,

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen_burn_data::{DataError, Layout, McItem, read_task};
+use qwen_burn_data::{DataError, FewshotSampler, Layout, McItem, read_task};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -158,6 +158,49 @@ fn few_shot_contexts_are_seeded_and_leave_the_question_out() {
     assert!(differs);
     let err = task.context(0, 6, 1).unwrap_err().to_string();
     assert!(err.contains("only 5 other questions"), "{err}");
+}
+
+/// With a few-shot split (`--fewshot-file`), the examples come from it: `first_n` takes its
+/// first questions for every question (the harness's MMLU dev examples), `random` a seeded
+/// draw from it; never the task's own questions. Too few examples name the split's file.
+#[test]
+fn few_shot_examples_come_from_the_fewshot_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = |tag: &str, n: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                format!(r#"{{"context": "{tag}{i}", "choices": ["a{i}", "b{i}"], "gold": 1}}"#)
+            })
+            .collect()
+    };
+    let (test, dev) = (rows("q", 4), rows("d", 5));
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let task = read_task(&write(tmp.path(), "test.jsonl", &refs(&test))).unwrap();
+    let split = || read_task(&write(tmp.path(), "dev.jsonl", &refs(&dev))).unwrap();
+    let first = task.clone().with_fewshot(split(), FewshotSampler::FirstN);
+    for index in 0..4 {
+        assert_eq!(
+            first.context(index, 2, 9).unwrap(),
+            format!("d0 b0\n\nd1 b1\n\nq{index}")
+        );
+    }
+    let random = task.with_fewshot(split(), FewshotSampler::Random);
+    let mut seen = std::collections::BTreeSet::new();
+    for index in 0..4 {
+        let ctx = random.context(index, 3, 9).unwrap();
+        assert_eq!(ctx.matches(" b").count(), 3, "{ctx:?}");
+        assert!((0..4).all(|j| !ctx.contains(&format!("q{j} "))), "{ctx:?}");
+        assert_eq!(ctx, random.context(index, 3, 9).unwrap());
+        seen.insert(ctx);
+    }
+    assert!(seen.len() > 1, "the draw depends on the question");
+    let err = first.context(0, 6, 1).unwrap_err().to_string();
+    assert!(
+        err.contains("dev.jsonl") && err.contains("has only 5"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -68,6 +68,14 @@ pub struct Args {
     /// questions.
     #[arg(long, default_value_t = 0, requires = "task")]
     pub shots: usize,
+    /// With --task: take the few-shot examples from this file (a train or dev split in the
+    /// task's layout) instead of the task's other questions, as lm-evaluation-harness does.
+    #[arg(long, requires = "task")]
+    pub fewshot_file: Option<PathBuf>,
+    /// With --fewshot-file: `random` (a seeded draw) or `first_n` (the file's first --shots
+    /// questions: the harness's MMLU examples, exactly).
+    #[arg(long, requires = "fewshot_file", default_value = "random", value_parser = ["random", "first_n"])]
+    pub fewshot_sampler: String,
     /// With --task or --generate: score only the first N questions or prompts.
     #[arg(long, value_parser = super::positive)]
     pub limit: Option<usize>,
@@ -241,7 +249,16 @@ fn run_task(
     tok: &qwen_burn_data::Tok,
     device: &burn::tensor::Device,
 ) -> Result<()> {
-    let task = qwen_burn_data::read_task(path)?;
+    let mut task = qwen_burn_data::read_task(path)?;
+    if let Some(file) = &args.fewshot_file {
+        let split = qwen_burn_data::read_task(file)
+            .with_context(|| format!("reading the few-shot file {}", file.display()))?;
+        let sampler = match args.fewshot_sampler.as_str() {
+            "first_n" => qwen_burn_data::FewshotSampler::FirstN,
+            _ => qwen_burn_data::FewshotSampler::Random,
+        };
+        task = task.with_fewshot(split, sampler);
+    }
     let opts = TaskOptions {
         shots: args.shots,
         limit: args.limit,

@@ -391,6 +391,12 @@ pub struct EvalConfig {
     pub shots: usize,
     /// Seed of the few-shot draw.
     pub seed: u64,
+    /// Few-shot splits, one per task in `tasks`' order (a train or dev split in the task's
+    /// layout); empty: each task's other questions.
+    pub fewshot_files: Vec<PathBuf>,
+    /// How the examples are picked from a few-shot split: `random` (a seeded draw) or
+    /// `first_n` (its first `shots` questions, as lm-evaluation-harness's MMLU).
+    pub fewshot_sampler: FewshotSamplerKind,
 }
 
 impl Default for EvalConfig {
@@ -401,6 +407,29 @@ impl Default for EvalConfig {
             limit: 0,
             shots: 0,
             seed: 1234,
+            fewshot_files: Vec::new(),
+            fewshot_sampler: FewshotSamplerKind::Random,
+        }
+    }
+}
+
+/// `eval.fewshot_sampler`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FewshotSamplerKind {
+    /// A seeded uniform draw without replacement.
+    #[default]
+    Random,
+    /// The split's first `shots` questions.
+    FirstN,
+}
+
+impl FewshotSamplerKind {
+    /// The data crate's sampler.
+    pub fn sampler(self) -> qwen_burn_data::FewshotSampler {
+        match self {
+            FewshotSamplerKind::Random => qwen_burn_data::FewshotSampler::Random,
+            FewshotSamplerKind::FirstN => qwen_burn_data::FewshotSampler::FirstN,
         }
     }
 }

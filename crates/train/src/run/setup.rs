@@ -209,12 +209,31 @@ fn read_tasks(
     model: &Qwen3ForCausalLM,
     data: &DataPipeline,
 ) -> Result<Vec<McTask>> {
-    let tasks = config
-        .eval
-        .tasks
-        .iter()
-        .map(|p| qwen_burn_data::read_task(p))
-        .collect::<qwen_burn_data::Result<Vec<_>>>()?;
+    let e = &config.eval;
+    if !e.fewshot_files.is_empty() && e.fewshot_files.len() != e.tasks.len() {
+        return Err(TrainError::config(
+            "eval.fewshot_files",
+            format!(
+                "holds {} files for {} tasks: give one per task, in the order of eval.tasks, \
+                 or none",
+                e.fewshot_files.len(),
+                e.tasks.len()
+            ),
+        ));
+    }
+    let tasks =
+        e.tasks
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let task = qwen_burn_data::read_task(p)?;
+                Ok(match e.fewshot_files.get(i) {
+                    Some(f) => task
+                        .with_fewshot(qwen_burn_data::read_task(f)?, e.fewshot_sampler.sampler()),
+                    None => task,
+                })
+            })
+            .collect::<qwen_burn_data::Result<Vec<_>>>()?;
     if tasks.is_empty() {
         return Ok(tasks);
     }
