@@ -10,7 +10,8 @@
 //! - [`batch`]: [`Batch`] and the serialisable [`Cursor`].
 //! - [`sampler`]: [`WindowSampler`] (random or epoch windows) and [`eval_batches`].
 //! - [`prefetch`]: [`Prefetcher`], batches built on a background thread.
-//! - [`tasks`]: multiple-choice benchmark files ([`McTask`]) in the common layouts.
+//! - [`tasks`]: multiple-choice benchmark files ([`McTask`]) in the common layouts;
+//!   [`fewshot`]: their few-shot examples.
 //! - [`chat`]: Qwen chat template, assistant-only loss mask, [`SftDataset`], [`SftSampler`].
 //! - [`prompts`]: RL prompts with reference answers ([`PromptSet`], [`load_prompts`]).
 //!
@@ -21,6 +22,7 @@ pub mod batch;
 pub mod chat;
 pub mod conversation;
 pub mod error;
+pub mod fewshot;
 pub mod ingest;
 pub mod parquet_source;
 pub mod preference;
