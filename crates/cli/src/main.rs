@@ -64,8 +64,9 @@ enum Command {
     Generate(generate::Args),
     /// Mean next-token loss of token rows given as JSON.
     Score(score::Args),
-    /// Perplexity and bits per byte of a text, or a multiple-choice task's acc and acc_norm.
-    Eval(eval::Args),
+    /// Perplexity and bits per byte of a text, a multiple-choice task's acc and acc_norm,
+    /// preference pairs' accuracy, or the rewards of generated completions.
+    Eval(Box<eval::Args>),
     /// Write a checkpoint (LoRA merged) as an HF model directory.
     Export(export::Args),
     /// Plot loss and learning-rate curves of one or more runs as PNG.
@@ -100,7 +101,7 @@ fn main() -> Result<()> {
         Command::Train(a) => train::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
-        Command::Eval(a) => eval::run(a),
+        Command::Eval(a) => eval::run(*a),
         Command::Export(a) => export::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Tokenizer(c) => tokenizer::run(c),
