@@ -5,10 +5,13 @@
 # GRPO with beta 0.04. Each model's held-out greedy accuracy and pass@8 on all 500 held-out
 # prompts (eval --generate); the runs' own validation accuracy (64 prompts) over their steps is
 # in their metrics.jsonl. Appends one JSON line per model to OUT/results.jsonl.
-# Usage: experiments/011-grpo/run.sh BIN OUT   (from the repository root, runs/tiny present)
+# Usage: experiments/011-grpo/run.sh BIN OUT SEED [all|grpo]   (from the repository root, runs/tiny
+# present; `grpo` runs the SFT and GRPO only, `all` the variants too)
 set -euo pipefail
 BIN=$1
 OUT=$2
+SEEDS=$3
+WHICH=${4:-all}
 mkdir -p "$OUT"
 SMALL=datasets/arith/small
 evaluate() { # name model
@@ -24,17 +27,18 @@ VARIANTS=(
   "dr_grpo|rl.loss_type=\"dr_grpo\" rl.scale_rewards=\"none\""
   "grpo-beta0.04|rl.beta=0.04"
 )
-for seed in 1337 2; do
+for seed in $SEEDS; do
   sft="$OUT/sft-s$seed"
   if ! done_already "sft-s$seed"; then
-    "$BIN" train --config configs/arith_sft.toml --run-dir "$sft" --set training.seed=$seed \
-      --set "data.inputs=[\"$SMALL/sft.jsonl\"]" --set training.max_steps=1500 \
-      --set training.eval_interval=500 --set checkpoint.interval=500 > "$sft.log" 2>&1
+    if [ ! -d "$sft/checkpoints" ]; then
+      "$BIN" train --config configs/arith_sft.toml --run-dir "$sft" --set training.seed=$seed > "$sft.log" 2>&1
+    fi
     evaluate "sft-s$seed" "$sft"
   fi
   for spec in "${VARIANTS[@]}"; do
     name="${spec%%|*}-s$seed"
     if done_already "$name"; then continue; fi
+    if [ "$WHICH" = grpo ] && [ "${spec%%|*}" != grpo ]; then continue; fi
     sets=()
     for kv in ${spec#*|}; do sets+=(--set "$kv"); done
     start=$(date +%s)
