@@ -130,6 +130,12 @@ fn a_grpo_run_logs_trls_figures_resumes_exactly_and_eval_generate_agrees() {
     ] {
         assert!(figures[key].is_number(), "{key} missing: {figures}");
     }
+    // plot draws each figure, training and validation series together.
+    let out = ok(&qwen_burn(&["plot", s(&straight)], &[]));
+    for png in ["reward.png", "rewards_exact_match_mean.png", "accuracy.png"] {
+        assert!(out.contains(png), "{out}");
+        assert!(straight.join("plots/figures").join(png).exists(), "{png}");
+    }
     let samples = std::fs::read_to_string(straight.join("samples.jsonl")).unwrap();
     let first: serde_json::Value = serde_json::from_str(samples.lines().next().unwrap()).unwrap();
     assert!(first["reward"].is_number(), "{first}");

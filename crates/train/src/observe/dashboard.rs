@@ -155,6 +155,11 @@ impl Dashboard {
         if let Some(w) = &r.moe_worst {
             self.value(MOE_LOAD, w.router_max_over_mean_load, w.describe(), false);
         }
+        // The objective's figures (a preference run's rewards, an RL run's rewards and
+        // lengths), each its own plot.
+        for (name, &v) in &r.figures {
+            self.value(name, v, format!("{v:.4}"), false);
+        }
         let step = format!(
             "{}/{} ({:.2}M tokens seen)",
             r.step,
@@ -174,6 +179,9 @@ impl Dashboard {
         );
         if let Some(bpb) = r.bpb {
             self.value(BPB, bpb, format!("{bpb:.4} (step {})", r.step), true);
+        }
+        for (name, &v) in &r.figures {
+            self.value(name, v, format!("{v:.4} (step {})", r.step), true);
         }
     }
 

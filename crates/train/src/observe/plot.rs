@@ -151,8 +151,10 @@ fn run_name(dir: &Path) -> String {
 }
 
 /// Write `loss.png` and `lr.png` (and `bpb.png` when validation recorded bits per byte,
-/// `tasks.png` for runs with `[eval] tasks`, `moe_load.png` for MoE runs) for one or more runs
-/// into `out_dir`; several runs are overlaid. Returns the files written.
+/// `tasks.png` for runs with `[eval] tasks`, `moe_load.png` for MoE runs, and
+/// `figures/<name>.png` for each of the objective's figures, `/` written `_`: a preference or
+/// RL run's rewards) for one or more runs into `out_dir`; several runs are overlaid. Returns
+/// the files written.
 pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir).map_err(|e| TrainError::io("create directory", out_dir, e))?;
     let mut loss = Vec::new();
@@ -160,6 +162,8 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut load = Vec::new();
     let mut bpb = Vec::new();
     let mut tasks = Vec::new();
+    // The objective's figures by name: train and validation series of every run.
+    let mut figures: std::collections::BTreeMap<String, Vec<Series>> = Default::default();
     for run in runs {
         let records = read_records(&run.join("metrics.jsonl"))?;
         let name = run_name(run);
@@ -189,6 +193,23 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
                 name: format!("{prefix}val"),
                 points: val_bpb,
             });
+        }
+        for r in &records {
+            let (split, names) = match r {
+                MetricsRecord::Train(t) => ("train", &t.figures),
+                MetricsRecord::Val(v) => ("val", &v.figures),
+                MetricsRecord::Task(_) => continue,
+            };
+            for name in names.keys() {
+                let series = figures.entry(name.clone()).or_default();
+                let label = format!("{prefix}{split}");
+                if !series.iter().any(|s| s.name == label) {
+                    series.push(Series {
+                        name: label,
+                        points: metric_points(&records, split == "val", name),
+                    });
+                }
+            }
         }
         // Multiple-choice tasks: acc and acc_norm per task, and the chance level.
         let mut names: Vec<&str> = Vec::new();
@@ -292,6 +313,15 @@ pub fn plot_runs(runs: &[PathBuf], out_dir: &Path) -> Result<Vec<PathBuf>> {
             false,
         )?;
         written.push(path);
+    }
+    if !figures.is_empty() {
+        let dir = out_dir.join("figures");
+        std::fs::create_dir_all(&dir).map_err(|e| TrainError::io("create directory", &dir, e))?;
+        for (name, series) in &figures {
+            let path = dir.join(format!("{}.png", name.replace('/', "_")));
+            line_chart(&path, name, "step", name, series, false)?;
+            written.push(path);
+        }
     }
     Ok(written)
 }

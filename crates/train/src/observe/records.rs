@@ -192,7 +192,8 @@ impl MetricsRecord {
     }
 
     /// A plotted field by name (`loss`, `lr`, `grad_norm`, `tokens_per_sec`, `mfu`, `aux_loss`,
-    /// `z_loss`, `perplexity`, `bpb`; a task's `acc`, `acc_norm`), if this record has it.
+    /// `z_loss`, `perplexity`, `bpb`; a task's `acc`, `acc_norm`; else one of the objective's
+    /// figures of a training or validation record), if this record has it.
     pub fn field(&self, name: &str) -> Option<f64> {
         match (self, name) {
             (MetricsRecord::Train(r), "loss") => Some(r.loss),
@@ -207,6 +208,8 @@ impl MetricsRecord {
             (MetricsRecord::Val(r), "bpb") => r.bpb,
             (MetricsRecord::Task(r), "acc") => Some(r.acc),
             (MetricsRecord::Task(r), "acc_norm") => Some(r.acc_norm),
+            (MetricsRecord::Train(r), name) => r.figures.get(name).copied(),
+            (MetricsRecord::Val(r), name) => r.figures.get(name).copied(),
             _ => None,
         }
     }
