@@ -108,3 +108,52 @@ pub fn rl_loss(config: &RlConfig, inputs: TokenInputs) -> (Tensor<1>, Vec<Figure
 fn scalar(t: Tensor<1>) -> f64 {
     t.try_into_scalar::<f32>().map_or(f64::NAN, f64::from)
 }
+
+/// [`rl_loss`] from each row's summed completion log-probability, for the cases where only
+/// those sums matter: REINFORCE, and GRPO on-policy (the ratio is the current
+/// log-probabilities over themselves detached, 1 at every token, so nothing is clipped) without
+/// a KL term. Then the per-token loss `-A r` has the value `-A` and the gradient `-A ∇logp`, so
+/// a row's tokens together contribute `-A (n + s - detach(s))` with `s` the row's summed
+/// log-probability and `n` its completion tokens: the same value and gradient as [`rl_loss`]
+/// without the `[rows, T, vocab]` log-softmax (the sums come from the fused LM head +
+/// cross-entropy). The clip figures are 0, as they are there.
+pub fn rl_loss_rows(
+    config: &RlConfig,
+    sums: Tensor<1>,
+    tokens: &[f64],
+    advantages: Tensor<1>,
+) -> (Tensor<1>, Vec<Figure>) {
+    let device = sums.device();
+    let [rows] = sums.dims();
+    let n = Tensor::<1>::from_data(
+        burn::tensor::TensorData::new(tokens.iter().map(|&x| x as f32).collect::<Vec<_>>(), [rows]),
+        &device,
+    );
+    let total: f64 = tokens.iter().sum();
+    if config.algorithm == RlAlgorithm::Reinforce {
+        return ((sums * advantages).neg().sum(), Vec::new());
+    }
+    let per_row = (n.clone() + sums.clone() - sums.detach())
+        .mul(advantages)
+        .neg();
+    let sum = match config.loss_type {
+        RlLossType::Dapo => per_row.sum(),
+        RlLossType::Grpo => (per_row / n.clamp_min(1.0)).sum(),
+        RlLossType::Bnpo => per_row
+            .sum()
+            .div_scalar(total.max(1.0))
+            .mul_scalar(rows as f64),
+        RlLossType::DrGrpo => per_row.sum().div_scalar(config.max_new_tokens as f64),
+    };
+    let zero = |name| Figure {
+        name,
+        sum: 0.0,
+        count: total,
+    };
+    let figures = vec![
+        zero("clip_ratio/low_mean"),
+        zero("clip_ratio/high_mean"),
+        zero("clip_ratio/region_mean"),
+    ];
+    (sum, figures)
+}

@@ -10,7 +10,7 @@ use qwen_burn_data::Batch;
 use qwen_burn_model::Qwen3ForCausalLM;
 
 use super::advantage::advantages;
-use super::loss::{TokenInputs, rl_loss, rl_units};
+use super::loss::{TokenInputs, rl_loss, rl_loss_rows, rl_units};
 use super::rewards::Reward;
 use super::rollout::{
     NamedReward, PromptSets, complete, host_token_logps, rows_batch, score, token_logps,
@@ -48,6 +48,18 @@ struct Row {
     /// positions.
     old: Option<Vec<f32>>,
     reference: Option<Vec<f32>>,
+}
+
+/// The rollout's step-wide figures, counted once per row of a micro-batch of `rows`, so their
+/// mean over the step is their value.
+fn push_step_figures(figures: &mut Vec<Figure>, step: &[(&'static str, f64)], rows: usize) {
+    for &(name, value) in step {
+        figures.push(Figure {
+            name,
+            sum: value * rows as f64,
+            count: rows as f64,
+        });
+    }
 }
 
 /// Completions a step's samples show (the first of as many prompts).
@@ -378,6 +390,29 @@ impl Objective for Rl {
             let parts: Option<Vec<&Vec<f32>>> = rows.iter().map(|r| f(r)).collect();
             parts.map(|p| matrix(p.into_iter().flatten().copied().collect()))
         };
+        let advantages = Tensor::<1>::from_data(
+            TensorData::new(rows.iter().map(|r| r.advantage).collect::<Vec<_>>(), [b]),
+            device,
+        );
+        // Only the rows' summed log-probabilities matter (on-policy, no KL): the fused head.
+        let per_token = rows
+            .iter()
+            .any(|r| r.old.is_some() || r.reference.is_some());
+        if !per_token {
+            let tokens: Vec<f64> = batch
+                .targets
+                .chunks(t.max(1))
+                .map(|row| row.iter().filter(|&&x| x >= 0).count() as f64)
+                .collect();
+            let sums = crate::objective::preference::sequence_logps(model, hidden, batch, device);
+            let (sum, mut figures) = rl_loss_rows(&self.config, sums, &tokens, advantages);
+            push_step_figures(&mut figures, &rollout.figures, b);
+            return Ok(ObjectiveLoss {
+                loss: sum.clone() / step_units,
+                sum,
+                figures,
+            });
+        }
         let mask_values: Vec<f32> = batch
             .targets
             .iter()
@@ -385,10 +420,6 @@ impl Objective for Rl {
             .collect();
         let mask = matrix(mask_values);
         let (logps, entropy) = token_logps(model, hidden, batch, device);
-        let advantages = Tensor::<1>::from_data(
-            TensorData::new(rows.iter().map(|r| r.advantage).collect::<Vec<_>>(), [b]),
-            device,
-        );
         let inputs = TokenInputs {
             logps,
             old: gather(&|r| r.old.as_ref()),
@@ -408,14 +439,7 @@ impl Objective for Rl {
             sum: f64::from(entropy_sum),
             count: tokens,
         });
-        // Step-wide figures count once per row, so their mean over the step is their value.
-        for &(name, value) in &rollout.figures {
-            figures.push(Figure {
-                name,
-                sum: value * b as f64,
-                count: b as f64,
-            });
-        }
+        push_step_figures(&mut figures, &rollout.figures, b);
         Ok(ObjectiveLoss {
             loss: sum.clone() / step_units,
             sum,
