@@ -168,7 +168,17 @@ pub fn run(args: Args) -> Result<()> {
         return run_task(&args, task, &model, &tok, &device);
     }
     if let Some(prompts) = &args.generate {
-        return super::generation::run_generate(&args, prompts, &model, &tok, &device);
+        let generate = super::generation::GenerateArgs {
+            reward: &args.reward,
+            pattern: args.pattern.as_deref(),
+            limit: args.limit,
+            max_new_tokens: args.max_new_tokens,
+            temperature: args.temperature,
+            samples: args.samples,
+            seed: args.seed,
+            json: args.json,
+        };
+        return super::generation::run_generate(&generate, prompts, &model, &tok, &device);
     }
     if let Some(pairs) = &args.pairs {
         let pairs_args = super::pairs::PairsArgs {

@@ -12,20 +12,30 @@ use qwen_burn_train::config::RlConfig;
 use qwen_burn_train::eval::generation::evaluate_generation;
 use qwen_burn_train::objective::rl::rewards::Reward;
 
-use super::eval::Args;
+/// What `--generate` needs besides the model.
+pub struct GenerateArgs<'a> {
+    pub reward: &'a str,
+    pub pattern: Option<&'a str>,
+    pub limit: Option<usize>,
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    pub samples: usize,
+    pub seed: u64,
+    pub json: bool,
+}
 
 pub fn run_generate(
-    args: &Args,
+    args: &GenerateArgs<'_>,
     path: &Path,
     model: &Qwen3ForCausalLM,
     tok: &Tok,
     device: &Device,
 ) -> Result<()> {
     let pattern = |default: &str| {
-        let text = args.pattern.as_deref().unwrap_or(default);
+        let text = args.pattern.unwrap_or(default);
         regex::Regex::new(text).with_context(|| format!("--pattern {text:?} is not a regex"))
     };
-    let reward = match args.reward.as_str() {
+    let reward = match args.reward {
         "regex" => Reward::Regex {
             pattern: pattern("").and_then(|p| {
                 anyhow::ensure!(args.pattern.is_some(), "--reward regex needs --pattern");
