@@ -210,6 +210,17 @@ impl Cursor {
     }
 }
 
+/// A global batch of `global_rows` rows must be whole batches of `batch_size`.
+pub(crate) fn check_global_batch(global_rows: usize, batch_size: usize) -> Result<()> {
+    if global_rows == 0 || !global_rows.is_multiple_of(batch_size) {
+        return Err(DataError::option(
+            "global batch",
+            format!("{global_rows} rows is not a multiple of the batch size {batch_size}"),
+        ));
+    }
+    Ok(())
+}
+
 /// ChaCha8 seeded with `seed`, positioned on `stream`.
 pub(crate) fn stream_rng(seed: u64, stream: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

@@ -355,15 +355,7 @@ impl SftSampler {
     /// Records the global batch (`batch_size x grad_accum`) in the cursor, so that a resume may
     /// split it differently (the epoch order is one row after another whatever the split).
     pub fn with_global_batch(mut self, global_rows: usize) -> Result<Self> {
-        if global_rows == 0 || !global_rows.is_multiple_of(self.batch_size) {
-            return Err(DataError::option(
-                "global batch",
-                format!(
-                    "{global_rows} rows is not a multiple of the batch size {}",
-                    self.batch_size
-                ),
-            ));
-        }
+        crate::batch::check_global_batch(global_rows, self.batch_size)?;
         self.global_rows = global_rows;
         Ok(self)
     }

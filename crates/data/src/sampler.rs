@@ -11,7 +11,9 @@
 //!   shuffled order per epoch. A batch that crosses an epoch boundary continues into the next
 //!   epoch, so every batch is full.
 
-use crate::batch::{Batch, Cursor, EpochOrder, SampleMode, below, check_shape, stream_rng};
+use crate::batch::{
+    Batch, Cursor, EpochOrder, SampleMode, below, check_global_batch, check_shape, stream_rng,
+};
 use crate::error::{DataError, Result};
 use crate::shards::TokenStore;
 
@@ -116,15 +118,7 @@ impl WindowSampler {
     /// Batches of `global_rows` rows (a multiple of the batch size: `batch_size x grad_accum`)
     /// decide the data order; the default is one batch.
     pub fn with_global_batch(mut self, global_rows: usize) -> Result<Self> {
-        if global_rows == 0 || !global_rows.is_multiple_of(self.batch_size) {
-            return Err(DataError::option(
-                "global batch",
-                format!(
-                    "{global_rows} rows is not a multiple of the batch size {}",
-                    self.batch_size
-                ),
-            ));
-        }
+        check_global_batch(global_rows, self.batch_size)?;
         self.global_rows = global_rows;
         Ok(self)
     }

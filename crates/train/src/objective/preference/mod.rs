@@ -116,8 +116,9 @@ fn rows_logps(model: &Qwen3ForCausalLM, hidden: Tensor<3>, targets: Tensor<2, In
 pub type Wholes = Vec<[f64; 2]>;
 
 /// ORPO's NLL targets for the first `rows` rows of a preference batch (its chosen sequences):
-/// every next token, prompt and completion, as TRL's `ORPOTrainer` takes them; and their count.
-fn whole_targets(batch: &Batch, rows: usize, device: &Device) -> (Tensor<2, Int>, usize) {
+/// every next token, prompt and completion, as TRL's `ORPOTrainer` takes them; and each row's
+/// count of them.
+fn whole_targets(batch: &Batch, rows: usize, device: &Device) -> (Tensor<2, Int>, Vec<usize>) {
     let t = batch.seq_len;
     let real = |i: usize| batch.attention_mask.as_ref().is_none_or(|m| m[i] == 1);
     let targets: Vec<i64> = (0..rows * t)
@@ -129,10 +130,13 @@ fn whole_targets(batch: &Batch, rows: usize, device: &Device) -> (Tensor<2, Int>
             }
         })
         .collect();
-    let count = targets.iter().filter(|&&x| x >= 0).count();
+    let counts = targets
+        .chunks(t.max(1))
+        .map(|row| row.iter().filter(|&&x| x >= 0).count())
+        .collect();
     (
         Tensor::from_data(TensorData::new(targets, [rows, t]), device),
-        count,
+        counts,
     )
 }
 
@@ -159,16 +163,8 @@ pub fn batch_logps_whole(
     }
     let p = batch.batch_size / 2;
     let [_, t, h] = hidden.dims();
-    let (targets, _) = whole_targets(batch, p, device);
-    let chosen = read(rows_logps(
-        model,
-        hidden.slice([0..p, 0..t, 0..h]),
-        targets.clone(),
-    ))?;
-    let counts = targets.greater_equal_elem(0).int().sum_dim(1).reshape([p]);
-    let counts = counts
-        .try_into_vec_as::<i64>()
-        .map_err(|e| TrainError::Device(format!("{e:?}")))?;
+    let (targets, counts) = whole_targets(batch, p, device);
+    let chosen = read(rows_logps(model, hidden.slice([0..p, 0..t, 0..h]), targets))?;
     Ok((
         logps,
         Some(
@@ -372,7 +368,8 @@ impl Objective for Preference {
                 // The micro-batch's token-mean NLL of its chosen sequences (prompt and
                 // completion, as TRL) counts once per pair, so the step's mean over pairs gives
                 // TRL's mean over micro-batches.
-                let (targets, count) = whole_targets(batch, p, device);
+                let (targets, counts) = whole_targets(batch, p, device);
+                let count: usize = counts.iter().sum();
                 let nll = rows_logps(model, chosen_hidden, targets)
                     .sum()
                     .neg()

@@ -17,7 +17,7 @@ use super::rollout::{
 };
 use crate::config::{DataKind, RewardKind, RlAlgorithm, RlConfig};
 use crate::error::{Result, TrainError};
-use crate::objective::{Figure, Objective, ObjectiveLoss};
+use crate::objective::{Figure, Objective, ObjectiveLoss, count_targets};
 use crate::run::data::DataPipeline;
 
 /// The RL objective of a run.
@@ -268,8 +268,7 @@ impl Objective for Rl {
     }
 
     fn units(&self, batch: &Batch) -> usize {
-        let tokens = batch.targets.iter().filter(|&&t| t >= 0).count();
-        rl_units(&self.config, batch.batch_size, tokens)
+        rl_units(&self.config, batch.batch_size, count_targets(batch))
     }
 
     fn prepare(
