@@ -24,7 +24,16 @@ pub fn device_from_name(name: &str) -> Result<Device> {
         "wgpu" => {
             #[cfg(feature = "wgpu")]
             {
-                Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
+                let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+                crate::device_probe::probe(name, &device).map_err(|why| {
+                    ModelError::InvalidInput(format!(
+                        "device `wgpu` cannot start: {why}. wgpu needs a Vulkan, Metal, DX12 or \
+                         OpenGL driver. On a headless NVIDIA machine whose \
+                         Vulkan ICD names libGLX_nvidia.so.0, point the loader at the EGL one: \
+                         benches/README.md, \"GPU (wgpu)\""
+                    ))
+                })?;
+                Ok(device)
             }
             #[cfg(not(feature = "wgpu"))]
             {

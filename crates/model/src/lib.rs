@@ -13,6 +13,8 @@ pub mod attention;
 pub mod block;
 pub mod config;
 pub mod device;
+#[cfg(feature = "wgpu")]
+mod device_probe;
 pub mod documents;
 pub mod error;
 pub mod export;
