@@ -83,6 +83,35 @@ impl Batch {
     pub fn num_target_tokens(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
     }
+
+    /// Each row as a batch of its own, in order. A row's batch depends on that row alone: its
+    /// mask is `None` when every position of the row is real, and its positions are `None`
+    /// when the row is one document (`0..T`), whatever the other rows of this batch hold.
+    pub fn rows(&self) -> impl Iterator<Item = Batch> + '_ {
+        let t = self.seq_len;
+        (0..self.batch_size).map(move |r| {
+            let span = r * t..(r + 1) * t;
+            let attention_mask = self
+                .attention_mask
+                .as_ref()
+                .map(|m| m[span.clone()].to_vec())
+                .filter(|m| m.iter().any(|&v| v == 0));
+            let positions = self
+                .positions
+                .as_ref()
+                .map(|p| p[span.clone()].to_vec())
+                .filter(|p| p.iter().enumerate().any(|(i, &v)| v as usize != i));
+            Batch {
+                batch_size: 1,
+                seq_len: t,
+                inputs: self.inputs[span.clone()].to_vec(),
+                targets: self.targets[span].to_vec(),
+                attention_mask,
+                positions,
+                pairs: self.pairs.as_ref().and_then(|p| p.get(r).map(|&v| vec![v])),
+            }
+        })
+    }
 }
 
 /// How window samplers pick windows.

@@ -94,6 +94,7 @@ fn check(config: &str, fixture: &str) {
         let step = Step {
             objective: &objective,
             checkpoint_layers: false,
+            bitwise: false,
         };
         let (grads, stats) = step
             .run(&policy, std::slice::from_ref(&batch), &device)

@@ -22,10 +22,12 @@ pub use lora::*;
 pub use preference::{PreferenceConfig, PreferenceLoss, TruncationMode};
 pub use rl::{RewardKind, RewardSpec, RlAlgorithm, RlConfig, RlLossType, ScaleRewards};
 pub use sections::*;
+pub use training_choices::{ActivationCheckpointing, Reproducible};
 
 mod choices;
 mod data_keys;
 mod reference;
+mod training_choices;
 pub use reference::reference;
 mod toml_table;
 use toml_table::first_non_finite;
@@ -423,6 +425,19 @@ impl RunConfig {
         }
         if !(0.0..1.0).contains(&d.val_fraction) {
             return Err(TrainError::config("data.val_fraction", "must be in [0, 1)"));
+        }
+        if t.reproducible == Reproducible::Bitwise
+            && matches!(d.kind, DataKind::Preference | DataKind::Prompts)
+        {
+            return Err(TrainError::config(
+                "training.reproducible",
+                format!(
+                    "\"bitwise\" splits each step into single sequences, which covers the \
+                     next-token objectives (data.kind \"text\" and \"sft\"); data.kind = \"{}\" \
+                     needs its rows together (pairs, groups): use \"rerun\"",
+                    d.kind.as_str()
+                ),
+            ));
         }
         if let Some(lora) = &self.lora {
             if lora.rank == 0 || !(lora.alpha.is_finite() && lora.alpha > 0.0) {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use qwen_burn_data::SampleMode;
 use serde::{Deserialize, Serialize};
 
+use super::training_choices::{ActivationCheckpointing, Reproducible};
+
 /// `data.kind`.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -317,17 +319,10 @@ pub struct TrainingConfig {
     /// layer in the backward (less memory, one more forward of the stack per step); `"none"`
     /// (default) keeps every activation.
     pub activation_checkpointing: ActivationCheckpointing,
-}
-
-/// `training.activation_checkpointing`.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum ActivationCheckpointing {
-    /// Keep every activation.
-    #[default]
-    None,
-    /// Recompute each decoder layer in the backward from its kept input.
-    Layers,
+    /// What the run repeats bit for bit: `"rerun"` (default: the same config, seed and binary,
+    /// at any thread count) or `"bitwise"` (also under any split of the global batch into
+    /// micro-batches and replicas).
+    pub reproducible: Reproducible,
 }
 
 impl Default for TrainingConfig {
@@ -349,6 +344,7 @@ impl Default for TrainingConfig {
             parallel: ParallelStrategy::Auto,
             fused_kernels: true,
             activation_checkpointing: ActivationCheckpointing::None,
+            reproducible: Reproducible::Rerun,
         }
     }
 }

@@ -19,6 +19,8 @@ pub mod replicas;
 pub mod routers;
 pub mod stats;
 
+use std::borrow::Cow;
+
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Bool, Device, Tensor};
@@ -26,7 +28,7 @@ use qwen_burn_data::Batch;
 use qwen_burn_model::moe::RouterOutput;
 use qwen_burn_model::{Qwen3ForCausalLM, RouterStats};
 
-use crate::config::{ActivationCheckpointing, TrainingConfig};
+use crate::config::{ActivationCheckpointing, Reproducible, TrainingConfig};
 use crate::error::{Result, TrainError};
 use crate::objective::{NextToken, Objective, ObjectiveLoss};
 
@@ -47,6 +49,9 @@ pub struct Step<'a> {
     /// Recompute each decoder layer's activations in the backward
     /// (`training.activation_checkpointing = "layers"`).
     pub checkpoint_layers: bool,
+    /// `training.reproducible = "bitwise"`: every row is a forward and backward of its own, and
+    /// the rows' gradients are added in their order in the step (see [`Step::forwards`]).
+    pub bitwise: bool,
 }
 
 /// Forward + backward of one step of next-token cross-entropy over `batches` (gradient
@@ -80,6 +85,7 @@ impl Step<'static> {
         Step {
             objective: &NextToken,
             checkpoint_layers: false,
+            bitwise: false,
         }
     }
 }
@@ -90,6 +96,7 @@ impl<'a> Step<'a> {
         Step {
             objective,
             checkpoint_layers: training.activation_checkpointing == ActivationCheckpointing::Layers,
+            bitwise: training.reproducible == Reproducible::Bitwise,
         }
     }
 
@@ -101,9 +108,31 @@ impl<'a> Step<'a> {
         }
     }
 
+    /// The same step with `training.reproducible = "bitwise"` on or off.
+    pub fn with_bitwise(self, on: bool) -> Self {
+        Step {
+            bitwise: on,
+            ..self
+        }
+    }
+
     /// The units the step's loss averages over, in all of `batches`.
     pub fn units(&self, batches: &[Batch]) -> usize {
         batches.iter().map(|b| self.objective.units(b)).sum()
+    }
+
+    /// The forwards `batches` take: one per micro-batch, or under `bitwise` one per row. A
+    /// row's numbers then depend on that row alone, and adding the rows' gradients one by one
+    /// in their order gives the same sum whichever micro-batch held each row: any split of a
+    /// global batch (`batch_size x grad_accum`, replicas) gives the same gradient, bit for bit.
+    /// The per-forward router losses (HF's aux and z losses) become per-row means, and an
+    /// expert capacity applies to each row.
+    pub fn forwards<'b>(&self, batches: &'b [Batch]) -> Cow<'b, [Batch]> {
+        if self.bitwise {
+            Cow::Owned(batches.iter().flat_map(Batch::rows).collect())
+        } else {
+            Cow::Borrowed(batches)
+        }
     }
 
     /// Forward + backward of one optimizer step over `batches` (gradient accumulation) on one
@@ -116,12 +145,13 @@ impl<'a> Step<'a> {
         batches: &[Batch],
         device: &Device,
     ) -> Result<(GradientsParams, StepStats)> {
+        let forwards = self.forwards(batches);
         self.part(
             model,
-            batches,
+            &forwards,
             device,
             self.units(batches),
-            batches.len(),
+            forwards.len(),
             None,
         )
     }
@@ -165,7 +195,8 @@ impl<'a> Step<'a> {
 
     /// [`Step::run`] over a part of a step (one device's share under data parallelism): losses
     /// are normalised by the whole step's `step_units` and `total_micro` micro-batches, so the
-    /// parts' gradients and statistics add up to the whole step's.
+    /// parts' gradients and statistics add up to the whole step's. Each of `batches` is one
+    /// forward: the caller has already cut them by [`Step::forwards`].
     ///
     /// `global_batch` needs the step's expert counts before any router loss can be formed, so
     /// it runs all forwards of the part first (holding their activations, as one large batch
@@ -186,7 +217,6 @@ impl<'a> Step<'a> {
         let k = total_micro.max(1) as f64;
         let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
         let mut stats = StepStats::default();
-        let mut loss_total = 0.0;
         let inner = self.checkpoint_layers.then(|| model.valid());
         let forward = |batch: &Batch| self.forward(model, inner.as_ref(), batch, device, norm);
 
@@ -222,7 +252,9 @@ impl<'a> Step<'a> {
             }
             record_routing(&mut stats, &routers, k);
             stats.add_figures(&objective.figures);
-            loss_total += read_scalar(objective.sum)?;
+            // Each forward's share of the step's loss, added in order: the rows of a `bitwise`
+            // step give the same figure in one part or in one part each.
+            stats.loss += read_scalar(objective.sum)? / norm;
             let grads = parts.loss.backward();
             match stack {
                 Some(stack) => {
@@ -260,7 +292,6 @@ impl<'a> Step<'a> {
                 }
             }
         }
-        stats.loss = loss_total / norm;
         Ok((accumulator.grads(), stats))
     }
 }

@@ -35,6 +35,7 @@ use burn::tensor::{Device, Tensor};
 use qwen_burn_data::Batch;
 use qwen_burn_model::{BackendKind, DeviceSet, Qwen3ForCausalLM};
 
+use super::routers::global_batch;
 use super::{Step, StepStats, StepSync};
 use crate::config::ParallelStrategy;
 use crate::error::{Result, TrainError};
@@ -141,9 +142,15 @@ impl Replicas {
         batches: &[Batch],
     ) -> Result<(GradientsParams, StepStats)> {
         let step_units = step.units(batches);
+        if step.bitwise && (self.devices.len() > 1 || global_batch(&model.config).is_none()) {
+            return self.step_rows(step, model, batches, step_units);
+        }
         let total_micro = batches.len();
         if self.devices.len() == 1 {
-            return step.part(model, batches, self.main(), step_units, total_micro, None);
+            // `bitwise` with `global_batch` balancing: every row's forward first, in one part.
+            let forwards = step.forwards(batches);
+            let n = forwards.len();
+            return step.part(model, &forwards, self.main(), step_units, n, None);
         }
         if !batches.len().is_multiple_of(self.devices.len()) {
             return Err(TrainError::config(
@@ -225,6 +232,91 @@ impl Replicas {
         }
         let grads = reduced.unwrap_or_else(|| accumulator.grads());
         Ok((grads, stats.expect("at least one device")))
+    }
+}
+
+impl Replicas {
+    /// `training.reproducible = "bitwise"`: the step's rows in rounds of one row per device
+    /// (row `i` of a round on device `i`; one device takes them one by one), each row a
+    /// forward and backward of its own ([`Step::part`] over that row), and the rows' gradients
+    /// and statistics added on the main device in the rows' order. Every split of the same
+    /// global batch, over any number of devices, then adds the same numbers in the same order.
+    /// `global_batch` balancing needs every forward of the step before any backward, and `ddp`
+    /// sums in NCCL's order: both are refused with several devices.
+    fn step_rows(
+        &self,
+        step: &Step<'_>,
+        model: &Qwen3ForCausalLM,
+        batches: &[Batch],
+        step_units: usize,
+    ) -> Result<(GradientsParams, StepStats)> {
+        if self.devices.len() > 1 && global_batch(&model.config).is_some() {
+            return Err(TrainError::config(
+                "training.reproducible",
+                "\"bitwise\" on several devices cannot use the router balancing \
+                 \"global_batch\" (it needs every forward of a step before any backward): \
+                 use one device, or another balancing",
+            ));
+        }
+        if self.ddp.is_some() {
+            return Err(TrainError::config(
+                "training.reproducible",
+                "\"bitwise\" adds the rows' gradients in their order on the main device; \
+                 `ddp` sums in the collective's order: set training.parallel = \"gather\"",
+            ));
+        }
+        let rows = step.forwards(batches);
+        let total = rows.len();
+        let fused = qwen_burn_kernels::fused_kernels();
+        let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
+        let mut stats: Option<StepStats> = None;
+        for round in rows.chunks(self.devices.len()) {
+            let results: Vec<Result<(GradientsParams, StepStats)>> = if round.len() == 1 {
+                let row = std::slice::from_ref(&round[0]);
+                vec![step.part(model, row, self.main(), step_units, total, None)]
+            } else {
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = self
+                        .devices
+                        .iter()
+                        .zip(round)
+                        .enumerate()
+                        .map(|(i, (device, row))| {
+                            // As in `step`: the replicas but the first get their own leaves.
+                            let replica = if i == 0 {
+                                model.clone()
+                            } else {
+                                model.clone().fork(device)
+                            };
+                            scope.spawn(move || {
+                                qwen_burn_kernels::with_fused_kernels(fused, || {
+                                    let row = std::slice::from_ref(row);
+                                    step.part(&replica, row, device, step_units, total, None)
+                                })
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(TrainError::Other("a replica thread panicked".into()))
+                            })
+                        })
+                        .collect()
+                })
+            };
+            for result in results {
+                let (grads, part) = result?;
+                accumulator.accumulate(model, grads.to_device(self.main(), model));
+                stats = Some(match stats {
+                    None => part,
+                    Some(s) => s.merge(part),
+                });
+            }
+        }
+        let stats = stats.ok_or_else(|| TrainError::Other("a step without rows".into()))?;
+        Ok((accumulator.grads(), stats))
     }
 }
 
