@@ -95,7 +95,7 @@ impl Batch {
                 .attention_mask
                 .as_ref()
                 .map(|m| m[span.clone()].to_vec())
-                .filter(|m| m.iter().any(|&v| v == 0));
+                .filter(|m| m.contains(&0));
             let positions = self
                 .positions
                 .as_ref()
