@@ -66,6 +66,25 @@ unsafe fn mm_raw(
 ) {
     assert!(a.len() >= extent(m, k, a_rs, a_cs), "lhs out of bounds");
     assert!(b.len() >= extent(k, n, b_rs, b_cs), "rhs out of bounds");
+    let rows = invariant_rows(m, n, k, b_rs);
+    if rows > m {
+        // SAFETY: as this function's, for the padded product's operands and destination.
+        unsafe {
+            padded(
+                m,
+                rows,
+                n,
+                k,
+                (a, a_rs, a_cs),
+                (b, b_rs, b_cs),
+                (c, c_rs),
+                alpha,
+                beta,
+                threads,
+            )
+        };
+        return;
+    }
     let parallelism = match threads {
         Threads::One => gemm::Parallelism::None,
         Threads::All => gemm::Parallelism::Rayon(0),
@@ -93,6 +112,83 @@ unsafe fn mm_raw(
             false,
             parallelism,
         );
+    }
+}
+
+/// The fewest rows for which `gemm` computes an `[m, n] @ [n, k]` product on its general path,
+/// whose arithmetic for one row does not depend on the others: each element a chain of fused
+/// multiply-adds over reduction blocks whose size depends on `k` alone. Below it, `gemm` 0.19
+/// takes paths chosen by the row count: one row goes to a matrix-vector kernel, `m * n <= 256`
+/// with a column-major right operand to dot-product kernels, and `m, n <= 64` blocks the
+/// reduction by 512 where the general path divides `k` evenly. A row's product (its logits, its
+/// hidden states) would then change with how many rows share the call: with the padding, it
+/// is the same alone and in any batch (issue 40, L1). `m` itself when no path depends on it.
+fn invariant_rows(m: usize, n: usize, k: usize, b_rs: usize) -> usize {
+    if m == 0 || n <= 1 || k <= 2 {
+        // Nothing to compute, or paths chosen by `n` or `k` alone.
+        return m;
+    }
+    let mut rows = m.max(2);
+    if b_rs == 1 {
+        rows = rows.max(256 / n + 1);
+    }
+    if n <= 64 && k > 512 {
+        rows = rows.max(65);
+    }
+    rows
+}
+
+/// [`mm_raw`] of `m` rows through a product of `rows > m` (the first `m` rows real, the rest
+/// zero): `gemm` then takes its general path (see [`invariant_rows`]). The destination rows go
+/// through the padded product too (`gemm` applies `alpha` and `beta` to them itself).
+///
+/// # Safety
+/// As [`mm_raw`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn padded(
+    m: usize,
+    rows: usize,
+    n: usize,
+    k: usize,
+    (a, a_rs, a_cs): (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+    (c, c_rs): (*mut f32, usize),
+    alpha: Option<f32>,
+    beta: f32,
+    threads: Threads,
+) {
+    let mut lhs = vec![0.0f32; rows * k];
+    for i in 0..m {
+        for p in 0..k {
+            lhs[i * k + p] = a[i * a_rs + p * a_cs];
+        }
+    }
+    let mut dst = vec![0.0f32; rows * n];
+    if alpha.is_some() {
+        for i in 0..m {
+            // SAFETY: the caller vouches for reads of `c`'s `m x n` elements.
+            let row = unsafe { std::slice::from_raw_parts(c.add(i * c_rs), n) };
+            dst[i * n..(i + 1) * n].copy_from_slice(row);
+        }
+    }
+    // SAFETY: `dst` is a fresh buffer of `rows x n`; `lhs` and `b` are in bounds (asserted there).
+    unsafe {
+        mm_raw(
+            rows,
+            n,
+            k,
+            (&lhs, k, 1),
+            b,
+            (dst.as_mut_ptr(), n),
+            alpha,
+            beta,
+            threads,
+        )
+    };
+    for i in 0..m {
+        // SAFETY: the caller vouches for writes of `c`'s `m x n` elements.
+        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * c_rs), n) };
+        row.copy_from_slice(&dst[i * n..(i + 1) * n]);
     }
 }
 
@@ -367,6 +463,57 @@ mod tests {
                         "transposed={transposed} blocking={blocking:?} accumulate={accumulate}: \
                          {diff}"
                     );
+                }
+            }
+        }
+    }
+
+    /// A row's product is the same bits alone and among any number of other rows (issue 40,
+    /// L1), at the shapes where `gemm` would pick its path by the row count: one row, few
+    /// outputs (LoRA's rank, small experts) with a long or a short reduction, a column-major
+    /// right operand (the transposed embedding of the tied head), accumulating or not. Without
+    /// [`invariant_rows`] the one-row, the `m * n <= 256` and the `m, n <= 64` cases differ.
+    #[test]
+    fn a_rows_product_does_not_depend_on_the_other_rows() {
+        for (n, k) in [
+            (8, 1100),
+            (32, 600),
+            (64, 40),
+            (200, 16),
+            (640, 1100),
+            (5, 128),
+        ] {
+            for b_column_major in [false, true] {
+                let b = values(k * n, 5);
+                let (b_rs, b_cs) = if b_column_major { (1, k) } else { (n, 1) };
+                for accumulate in [false, true] {
+                    let mut reference: Option<Vec<f32>> = None;
+                    for m in [1usize, 2, 3, 7, 20, 64, 65, 100, 300] {
+                        // The probed row is the last; the others differ with `m`.
+                        let mut a = values((m - 1) * k, 7 + m as u64);
+                        a.extend(values(k, 99));
+                        let mut c = values((m - 1) * n, 11 + m as u64);
+                        c.extend(values(n, 77));
+                        mm(
+                            m,
+                            n,
+                            k,
+                            (&a, k, 1),
+                            (&b, b_rs, b_cs),
+                            (&mut c, n),
+                            accumulate,
+                            Threads::All,
+                        );
+                        let row = c[(m - 1) * n..].to_vec();
+                        match &reference {
+                            None => reference = Some(row),
+                            Some(r) => assert!(
+                                r.iter().zip(&row).all(|(x, y)| x.to_bits() == y.to_bits()),
+                                "n {n}, k {k}, column-major {b_column_major}, accumulate \
+                                 {accumulate}: the row differs at m = {m}"
+                            ),
+                        }
+                    }
                 }
             }
         }

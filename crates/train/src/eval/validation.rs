@@ -9,8 +9,7 @@ use qwen_burn_model::moe::SparseMoe;
 use serde::Serialize;
 
 use crate::error::{Result, TrainError};
-use crate::objective::{count_targets, forward_ce_sum};
-use crate::step::read_scalar;
+use crate::objective::{count_targets, forward_ce_rows};
 
 /// A validation measurement.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,14 +54,17 @@ pub fn evaluate(
     let (mut changed, mut choices) = (0, 0);
     let sparse: Vec<&SparseMoe> = model.sparse_layers().collect();
     for batch in batches {
-        let (ce_sum, routers, _) = forward_ce_sum(model, batch, device)?;
+        let (row_sums, routers) = forward_ce_rows(model, batch, device)?;
         for (moe, router) in sparse.iter().zip(&routers) {
             if let Some((c, n)) = moe.bias_changed_choices(&router.logits) {
                 changed += c;
                 choices += n;
             }
         }
-        total += read_scalar(ce_sum)?;
+        // Row by row, in f64: the figure depends on the rows, not on how they were batched.
+        for sum in row_sums {
+            total += sum;
+        }
         count += count_targets(batch);
         if let Some(table) = token_bytes {
             bytes += target_bytes(&batch.targets, table);

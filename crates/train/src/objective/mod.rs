@@ -28,7 +28,7 @@ use crate::config::DataKind;
 use crate::error::Result;
 use crate::run::data::DataPipeline;
 
-pub use next_token::{NextToken, count_targets, forward_ce_sum};
+pub use next_token::{NextToken, count_targets, forward_ce_rows, forward_ce_sum};
 
 /// A training objective (see the module docs).
 pub trait Objective: Send + Sync {

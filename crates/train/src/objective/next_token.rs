@@ -64,3 +64,26 @@ pub fn forward_ce_sum(
     let targets = target_tensor(batch, device);
     Ok((model.head_cross_entropy_sum(hidden, targets), routers, mask))
 }
+
+/// Each row's summed next-token cross-entropy (`[rows]`, nats), and the router outputs: the
+/// forward of validation. Each row goes through the fused head on its own, so that a row's sum
+/// does not depend on the rows beside it (issue 40, L1): the caller adds them in f64, in order.
+pub fn forward_ce_rows(
+    model: &Qwen3ForCausalLM,
+    batch: &Batch,
+    device: &Device,
+) -> Result<(Vec<f64>, Vec<RouterOutput>)> {
+    let (inputs, mask) = input_tensors(batch, device);
+    let docs = batch_documents(batch)?;
+    let (hidden, routers) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
+    let targets = target_tensor(batch, device);
+    let [b, t, h] = hidden.dims();
+    let rows = (0..b)
+        .map(|r| {
+            let row = hidden.clone().slice([r..r + 1, 0..t, 0..h]);
+            let sum = model.head_cross_entropy_sum(row, targets.clone().slice([r..r + 1, 0..t]));
+            crate::step::read_scalar(sum)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    Ok((rows, routers))
+}

@@ -2,10 +2,10 @@
 //! ([`encode_question`]), the checks a task passes before a run starts ([`check_task`]), and
 //! the batched scoring of the choices with one shared context pass per question.
 
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{McTask, Tok};
 use qwen_burn_model::Qwen3ForCausalLM;
+use qwen_burn_model::kv_cache::KvCache;
 use qwen_burn_model::loss::token_nll;
 use serde::Serialize;
 
@@ -151,117 +151,152 @@ pub(super) fn fitted<'a>(
     Ok(&context_ids[context_ids.len() - keep..])
 }
 
-/// [`choice_logliks`] of several questions in two forwards: their contexts together (padded on
-/// the left, so that every context ends at the last position and its choices follow it
-/// directly) into one KV cache, then every choice of every question over its question's rows of
-/// that cache. RoPE depends only on the distance between positions, so the padding changes a
-/// score by float rounding only. The caller keeps the longest context plus the longest choice of
-/// the group within `max_position_embeddings`.
+/// [`choice_logliks`] of several questions, each question's numbers the same bits whatever
+/// else shares its forwards (issue 40, L1):
+///
+/// 1. Every context but its last token, padded on the right (so each starts at position 0 and
+///    causal attention keeps the padding out of it), in one forward that fills a KV cache.
+/// 2. For each context length in turn, the questions of that length: their cache rows, cut to
+///    that length (a question alone would hold exactly them), repeated for each choice; then
+///    every choice after its context's last token in one forward, padded on the right, each
+///    token's log-probability from the positions before it.
+///
+/// Both forwards hold at least two positions per row and two rows (a duplicated row or a
+/// padding position where needed): with fewer, the projections and the attention would take
+/// their one-token decoding kernels, whose sums run in another order. The caller keeps each
+/// context plus the group's longest choice within `max_position_embeddings`.
 pub(super) fn group_logliks(
     model: &Qwen3ForCausalLM,
     questions: &[(&[u32], &[Vec<u32>])],
     device: &Device,
 ) -> Result<Vec<(Vec<f64>, usize)>> {
-    let vocab = model.config.vocab_size;
     let contexts = questions
         .iter()
         .map(|(c, k)| fitted(model, c, k))
         .collect::<Result<Vec<_>>>()?;
-    let g = questions.len();
-    let width = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
-    let pads: Vec<usize> = contexts.iter().map(|c| width - c.len()).collect();
-    let padded = pads.iter().any(|&p| p > 0);
-
-    // 1. The contexts once, into the cache; each one's last position predicts its choices'
-    //    first tokens.
-    let mut cache = model.new_cache();
-    let mut ids = vec![0i64; g * width];
-    let mut real = vec![true; g * width];
-    for (q, c) in contexts.iter().enumerate() {
-        for (i, &id) in c.iter().enumerate() {
-            ids[q * width + pads[q] + i] = i64::from(id);
+    // 1. The contexts without their last tokens, into one cache.
+    let heads: Vec<&[u32]> = contexts.iter().map(|c| &c[..c.len() - 1]).collect();
+    let filled = heads.iter().map(|h| h.len()).max().unwrap_or(0);
+    let cache = if filled == 0 {
+        None
+    } else {
+        let width = filled.max(2);
+        let rows = heads.len().max(2);
+        let mut ids = vec![0i64; rows * width];
+        for (q, h) in heads.iter().enumerate() {
+            for (i, &id) in h.iter().enumerate() {
+                ids[q * width + i] = i64::from(id);
+            }
         }
-        real[q * width..q * width + pads[q]].fill(false);
-    }
-    let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [g, width]), device);
-    let mask =
-        padded.then(|| Tensor::<2, Bool>::from_data(TensorData::new(real, [g, width]), device));
-    let (hidden, _) = model.forward_hidden(input, mask, Some(&mut cache));
-    let last = model.lm_head(hidden.narrow(1, width - 1, 1));
-    let first = log_softmax(last.reshape([g, vocab]), 1)
-        .try_into_vec_as::<f32>()
-        .map_err(|e| TrainError::Device(format!("reading log-probabilities: {e:?}")))?;
-    let mut out: Vec<(Vec<f64>, usize)> = questions
+        let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows, width]), device);
+        let mut cache = model.new_cache();
+        let _ = model.forward_hidden(input, None, Some(&mut cache));
+        Some(cache)
+    };
+    let mut out: Vec<(Vec<f64>, usize)> = contexts
         .iter()
-        .zip(&contexts)
-        .enumerate()
-        .map(|(q, ((c, k), kept))| {
-            let logliks = k
-                .iter()
-                .map(|ids| f64::from(first[q * vocab + ids[0] as usize]))
-                .collect();
-            (logliks, c.len() - kept.len())
-        })
+        .zip(questions)
+        .map(|(kept, (c, k))| (vec![0.0; k.len()], c.len() - kept.len()))
         .collect();
+    // 2. The choices, one forward per context length.
+    let mut lengths: Vec<usize> = heads.iter().map(|h| h.len()).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    for len in lengths {
+        let members: Vec<usize> = (0..questions.len())
+            .filter(|&q| heads[q].len() == len)
+            .collect();
+        let logliks = choices_after(
+            model,
+            questions,
+            &contexts,
+            &members,
+            cache.as_ref(),
+            len,
+            device,
+        )?;
+        for (q, values) in members.into_iter().zip(logliks) {
+            out[q].0 = values;
+        }
+    }
+    Ok(out)
+}
 
-    // 2. The rest of every choice in one batch over its question's cache rows. Choices are
-    //    padded on the right: causal attention keeps that padding out of every real position.
-    let owner: Vec<usize> = questions
-        .iter()
-        .enumerate()
-        .flat_map(|(q, (_, k))| std::iter::repeat_n(q, k.len()))
-        .collect();
-    let choices: Vec<&Vec<u32>> = questions.iter().flat_map(|(_, k)| k.iter()).collect();
-    let n = choices.len();
-    let rest = choices.iter().map(|c| c.len()).max().unwrap_or(1) - 1;
-    if rest == 0 {
-        return Ok(out);
+/// Step 2 of [`group_logliks`] for the questions `members`, whose contexts all hold `len + 1`
+/// tokens: the summed log-probability of each choice, per question.
+fn choices_after(
+    model: &Qwen3ForCausalLM,
+    questions: &[(&[u32], &[Vec<u32>])],
+    contexts: &[&[u32]],
+    members: &[usize],
+    filled: Option<&KvCache>,
+    len: usize,
+    device: &Device,
+) -> Result<Vec<Vec<f64>>> {
+    // Rows: each member's choices, each as its context's last token then the choice.
+    let mut owner = Vec::new();
+    let mut rows: Vec<Vec<u32>> = Vec::new();
+    for &q in members {
+        let last = contexts[q][len];
+        for choice in questions[q].1 {
+            owner.push(q);
+            rows.push(
+                std::iter::once(last)
+                    .chain(choice.iter().copied())
+                    .collect(),
+            );
+        }
     }
-    let rows = Tensor::<1, Int>::from_data(
-        TensorData::new(owner.iter().map(|&q| q as i64).collect::<Vec<_>>(), [n]),
-        device,
-    );
-    // Each layer's filled keys and values, row-selected into buffers of exactly the positions
-    // this pass fills (the cache's own growth would round up to 256 positions a row).
-    for layer in &mut cache.layers {
-        let (k, v) = layer
-            .views()
-            .ok_or_else(|| TrainError::Other("the KV cache is empty after the context".into()))?;
-        let room = |x: Tensor<4>| {
-            let x = x.select(0, rows.clone());
-            let [b, h, _, d] = x.dims();
-            Tensor::cat(vec![x, Tensor::zeros([b, h, rest, d], device)], 2)
-        };
-        layer.keys = Some(room(k));
-        layer.values = Some(room(v));
+    let real = rows.len();
+    if real == 1 {
+        owner.push(owner[0]);
+        rows.push(rows[0].clone());
+    }
+    let n = rows.len();
+    let rest = rows.iter().map(Vec::len).max().unwrap_or(2).max(3) - 1;
+    let mut cache = model.new_cache();
+    if let Some(filled) = filled.filter(|_| len > 0) {
+        let index = Tensor::<1, Int>::from_data(
+            TensorData::new(owner.iter().map(|&q| q as i64).collect::<Vec<_>>(), [n]),
+            device,
+        );
+        for (layer, source) in cache.layers.iter_mut().zip(&filled.layers) {
+            let (k, v) = source.views().ok_or_else(|| {
+                TrainError::Other("the KV cache is empty after the contexts".into())
+            })?;
+            // The member rows, cut to their `len` positions, with room for this pass's.
+            let room = |x: Tensor<4>| {
+                let x = x.select(0, index.clone()).narrow(2, 0, len);
+                let [b, h, _, d] = x.dims();
+                Tensor::cat(vec![x, Tensor::zeros([b, h, rest, d], device)], 2)
+            };
+            layer.keys = Some(room(k));
+            layer.values = Some(room(v));
+            layer.len = len;
+        }
+        cache.seq_len = len;
+        cache.rope_seq_len = len;
     }
     let mut inputs = vec![0i64; n * rest];
     let mut targets = vec![qwen_burn_data::IGNORE_INDEX; n * rest];
-    for (j, ids) in choices.iter().enumerate() {
+    for (j, ids) in rows.iter().enumerate() {
         for i in 0..ids.len() - 1 {
             inputs[j * rest + i] = i64::from(ids[i]);
             targets[j * rest + i] = i64::from(ids[i + 1]);
         }
     }
-    let mask = padded.then(|| {
-        let s = width + rest;
-        let mut real = vec![true; n * s];
-        for (j, &q) in owner.iter().enumerate() {
-            real[j * s..j * s + pads[q]].fill(false);
-        }
-        Tensor::<2, Bool>::from_data(TensorData::new(real, [n, s]), device)
-    });
     let input = Tensor::<2, Int>::from_data(TensorData::new(inputs, [n, rest]), device);
     let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [n, rest]), device);
-    let logits = model.forward(input, mask, Some(&mut cache)).logits;
+    let logits = model.forward(input, None, Some(&mut cache)).logits;
     let nll = token_nll(logits, targets)
         .try_into_vec_as::<f32>()
         .map_err(|e| TrainError::Device(format!("reading log-probabilities: {e:?}")))?;
-    let mut rows = nll.chunks_exact(rest);
-    for (logliks, _) in &mut out {
-        for (l, row) in logliks.iter_mut().zip(rows.by_ref()) {
-            *l -= row.iter().map(|&x| f64::from(x)).sum::<f64>();
-        }
-    }
-    Ok(out)
+    let mut sums = nll
+        .chunks_exact(rest)
+        .take(real)
+        .map(|row| -row.iter().map(|&x| f64::from(x)).sum::<f64>());
+    Ok(members
+        .iter()
+        .map(|&q| sums.by_ref().take(questions[q].1.len()).collect())
+        .collect())
 }

@@ -11,11 +11,14 @@
 //! on non-ASCII choices. Ties go to the first choice, as `numpy.argmax` does. Standard errors
 //! are the harness's: the sample standard deviation over questions divided by `sqrt(n)`.
 //!
-//! The context is computed once per question: one forward fills a KV cache with the contexts of
-//! up to `TaskOptions::batch` questions (32 by default; padded on the left), each question's rows of the cache are repeated for
-//! its choices, and one batched forward scores every choice's tokens after the first (the first
-//! is predicted by the context's last position). A context too long for
-//! `max_position_embeddings` together with the longest continuation loses its oldest tokens,
+//! The context is computed once per question: one forward fills a KV cache with the contexts
+//! (but their last tokens) of up to `TaskOptions::batch` questions (32 by default; padded on the
+//! right, so each starts at position 0), and for each context length in turn the questions of
+//! that length take their cache rows, cut to that length, once per choice; one forward then
+//! scores every choice's tokens after its context's last token. A question's log-likelihoods are
+//! then the same bits at any `--batch-questions` (issue 40, L1; dense models). A context too
+//! long for `max_position_embeddings` together with the longest continuation loses its oldest
+//! tokens,
 //! as the harness's left truncation does.
 
 mod loglik;
