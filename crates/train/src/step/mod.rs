@@ -108,14 +108,6 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// The same step with `training.reproducible = "bitwise"` on or off.
-    pub fn with_bitwise(self, on: bool) -> Self {
-        Step {
-            bitwise: on,
-            ..self
-        }
-    }
-
     /// The units the step's loss averages over, in all of `batches`.
     pub fn units(&self, batches: &[Batch]) -> usize {
         batches.iter().map(|b| self.objective.units(b)).sum()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Experiment 011, round 2 (issue 39's +0.10 target): GRPO's learning rate and length from the
+# round-1 SFT runs, and a longer SFT. Each run on one thread (two at a time on the 2-core EPYC).
+# Usage: experiments/011-grpo/round2.sh BIN ROUND1_OUT OUT   (from the repository root; ROUND1_OUT
+# holds round 1's sft-s1337 and sft-s2). Appends one JSON line per model to OUT/results.jsonl.
+set -euo pipefail
+BIN=$1
+R1=$2
+OUT=$3
+mkdir -p "$OUT"
+SMALL=datasets/arith/small
+evaluate() { # name model
+  local e
+  e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$2" --generate $SMALL/heldout.jsonl --max-new-tokens 32 --samples 8 --json)
+  python3 -c 'import json,sys; e=json.loads(sys.argv[2]); e["run"]=sys.argv[1]; print(json.dumps(e))' "$1" "$e" >> "$OUT/results.jsonl"
+}
+grpo() { # name sft seed [--set k=v ...]
+  local name=$1 sft=$2 seed=$3
+  shift 3
+  RAYON_NUM_THREADS=1 "$BIN" train --config configs/grpo.toml --run-dir "$OUT/$name" \
+    --set training.seed=$seed --set "model.from=\"$sft\"" --set checkpoint.interval=200 "$@" \
+    > "$OUT/$name.log" 2>&1
+}
+for seed in 1337 2; do
+  # lr 1e-4 for 200 steps (the shipped schedule stretched).
+  (grpo "lr1e4-200-s$seed" "$R1/sft-s$seed" $seed --set optimizer.lr=1e-4 --set training.max_steps=200 \
+    && evaluate "lr1e4-200-s$seed" "$OUT/lr1e4-200-s$seed") &
+done
+wait
+# Negative, stopped at step 100 by hand (validation accuracy in their metrics.jsonl): lr 3e-4
+# (min_lr 3e-5), and lr 1e-4 at temperature 0.7.
+#   grpo lr3e4-200-s$seed ... --set optimizer.lr=3e-4 --set schedule.min_lr=3e-5 --set training.max_steps=200
+#   grpo t07-200-s$seed ... --set optimizer.lr=1e-4 --set rl.temperature=0.7 --set training.max_steps=200
+# A longer SFT (2500 steps), then GRPO at lr 1e-4 for 200 steps.
+for seed in 1337 2; do
+  (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/sft2500-s$seed" \
+      --set training.seed=$seed --set training.max_steps=2500 --set checkpoint.interval=2500 \
+      --set training.eval_interval=500 > "$OUT/sft2500-s$seed.log" 2>&1 \
+    && evaluate "sft2500-s$seed" "$OUT/sft2500-s$seed" \
+    && grpo "sft2500-lr1e4-200-s$seed" "$OUT/sft2500-s$seed" $seed --set optimizer.lr=1e-4 \
+        --set training.max_steps=200 \
+    && evaluate "sft2500-lr1e4-200-s$seed" "$OUT/sft2500-lr1e4-200-s$seed") &
+done
+wait
