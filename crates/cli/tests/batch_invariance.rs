@@ -1,6 +1,6 @@
 //! L1 of reproducibility (issue 40): a question's, a pair's or a window's numbers are the same
 //! bits whatever else shares their forward: `eval --task --records` at `--batch-questions` 1, 7
-//! and 32, `eval --pairs` and `eval --text` at several `--batch-size`s (a dense model).
+//! and 32, `eval --pairs` and `eval --text` at several `--batch-size`s, dense and MoE.
 
 mod common;
 use common::*;
@@ -11,10 +11,32 @@ fn stdout_of(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
+/// The tiny config's step-0 weights as an HF directory with the shipped tokenizer.
+fn tiny_model(dir: &std::path::Path, moe: bool) -> std::path::PathBuf {
+    let config = tiny_config(dir, moe, 3, 3, "");
+    let out = dir.join(if moe { "hf-moe" } else { "hf-dense" });
+    ok(&qwen_burn(
+        &["init", "--config", s(&config), "--out", s(&out)],
+        &[],
+    ));
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        out.join("tokenizer.json"),
+    )
+    .expect("tokenizer");
+    out
+}
+
 #[test]
 fn eval_numbers_do_not_depend_on_the_batch() {
+    for moe in [false, true] {
+        same_numbers_at_every_batch(moe);
+    }
+}
+
+fn same_numbers_at_every_batch(moe: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = tiny_hf_with_tokenizer(dir.path());
+    let model = tiny_model(dir.path(), moe);
     let root = repo_root();
     let task = root.join("datasets/tasks/austen_cloze.jsonl");
     let records: Vec<String> = ["1", "7", "32"]

@@ -5,7 +5,7 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Tensor};
 
-use crate::projection::project;
+use crate::projection::{project, project_batched};
 
 /// `down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases (`Qwen3MLP`).
 #[derive(Module, Debug)]
@@ -31,6 +31,20 @@ impl Mlp {
     /// # Shapes
     /// - `x`: `[..., hidden]` -> `[..., hidden]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.forward_with(x, project)
+    }
+
+    /// [`Self::forward`] through [`project_batched`]: a single row sums as it would among
+    /// others (a MoE expert that gets one token of a forward of several).
+    pub fn forward_batched<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.forward_with(x, project_batched)
+    }
+
+    fn forward_with<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        project: fn(&Linear, Tensor<D>) -> Tensor<D>,
+    ) -> Tensor<D> {
         let (gate, up) = (
             project(&self.gate_proj, x.clone()),
             project(&self.up_proj, x),

@@ -24,11 +24,23 @@ pub(crate) use qwen_burn_kernels::widened;
 /// A single row (decoding one token) goes to [`row_matmul`], the multithreaded matrix-vector
 /// kernel.
 pub fn project<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
+    project_with(layer, x, true)
+}
+
+/// [`project`] without the matrix-vector kernel for a single row: the product then sums in the
+/// order it takes for any number of rows. A MoE layer's experts use it when the forward holds
+/// more than one token (an expert that gets one token of many), so that a token's output does
+/// not depend on how many others share its expert (issue 40, L1).
+pub fn project_batched<const D: usize>(layer: &Linear, x: Tensor<D>) -> Tensor<D> {
+    project_with(layer, x, false)
+}
+
+fn project_with<const D: usize>(layer: &Linear, x: Tensor<D>, matvec: bool) -> Tensor<D> {
     let bias = layer.bias.as_ref().map(|b| b.val());
     let dims = x.dims();
     let rows: usize = dims[..D - 1].iter().product();
     match layer.weight.adapter() {
-        None if rows == 1 => {
+        None if rows == 1 && matvec => {
             let k = dims[D - 1];
             let y = row_matmul(x.reshape([1, k]), layer.weight.val());
             let y = match bias {

@@ -1,6 +1,5 @@
 //! L1 of reproducibility (issue 40): the validation loss of a set of rows does not depend on
-//! how they are batched, bit for bit (dense models; a MoE layer below 64 tokens a forward runs
-//! its experts on another path).
+//! how they are batched, bit for bit, dense and MoE.
 
 mod common;
 
@@ -13,9 +12,15 @@ use qwen_burn_train::eval::validation::evaluate;
 
 #[test]
 fn validation_is_the_same_whatever_the_batching() {
+    for moe in [false, true] {
+        same_loss_at_every_batching(moe);
+    }
+}
+
+fn same_loss_at_every_batching(moe: bool) {
     let device = Device::flex();
     let model = init_weights(
-        Qwen3ForCausalLM::new(&tiny_config(false, Some(0.2), 0.0), &device),
+        Qwen3ForCausalLM::new(&tiny_config(moe, Some(0.2), 0.0), &device),
         4,
     );
     let rows: Vec<Batch> = (0..3)
@@ -40,7 +45,7 @@ fn validation_is_the_same_whatever_the_batching() {
         assert_eq!(
             one.loss.to_bits(),
             other.loss.to_bits(),
-            "batches of {size}: {} vs {}",
+            "moe {moe}, batches of {size}: {} vs {}",
             other.loss,
             one.loss
         );

@@ -259,7 +259,14 @@ impl SparseMoe {
         let mut start = 0;
         for (expert, &count) in self.experts.iter().zip(&counts) {
             if count > 0 {
-                outputs.push(expert.forward(sorted_x.clone().narrow(0, start, count)));
+                let rows = sorted_x.clone().narrow(0, start, count);
+                // One token in the whole forward (decoding) takes the matrix-vector kernel;
+                // otherwise an expert's rows sum as the fused kernel's do, however few.
+                outputs.push(if n > 1 {
+                    expert.forward_batched(rows)
+                } else {
+                    expert.forward(rows)
+                });
             }
             start += count;
         }
