@@ -1,5 +1,5 @@
 //! L2 of reproducibility (issue 40): under `training.reproducible = "bitwise"`, the splits of one
-//! global batch of 8 rows (8 x 1, 4 x 2, 2 x 4, 1 x 8, and 4 x 2 over the replicas `flex,flex`)
+//! global batch of 16 rows (16 x 1, 8 x 2, 4 x 4, 2 x 8, and 8 x 2 over the replicas `flex,flex`)
 //! give bit-identical step losses and final weights, dense and MoE, full and LoRA, AdamW and
 //! Muon.
 
@@ -52,11 +52,11 @@ fn run(
 }
 
 const SPLITS: [((usize, usize), &str); 5] = [
-    ((8, 1), "flex"),
-    ((4, 2), "flex"),
-    ((2, 4), "flex"),
-    ((1, 8), "flex"),
-    ((4, 2), "flex,flex"),
+    ((16, 1), "flex"),
+    ((8, 2), "flex"),
+    ((4, 4), "flex"),
+    ((2, 8), "flex"),
+    ((8, 2), "flex,flex"),
 ];
 
 fn same_bits_for_every_split(label: &str, moe: bool, extra: &str, sets: &[&str]) {
@@ -84,7 +84,7 @@ fn same_bits_for_every_split(label: &str, moe: bool, extra: &str, sets: &[&str])
         }
         assert!(
             weights == first_weights,
-            "{label}: {split:?} on {device} ends with other weights than 8 x 1"
+            "{label}: {split:?} on {device} ends with other weights than 16 x 1"
         );
     }
 }
@@ -108,16 +108,16 @@ fn bitwise_lora_dense_and_moe() {
 }
 
 /// Without the mode the splits train on the same rows but round differently: the weights of
-/// 8 x 1 and 1 x 8 differ (which is what the mode is for; were they equal, the tests above
+/// 16 x 1 and 2 x 8 differ (which is what the mode is for; were they equal, the tests above
 /// would prove nothing about it).
 #[test]
 fn bitwise_is_needed_the_default_mode_rounds_by_split() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, a) = run(&dir.path().join("a"), false, "", &[], (8, 1), "flex");
-    let (_, b) = run(&dir.path().join("b"), false, "", &[], (1, 8), "flex");
+    let (_, a) = run(&dir.path().join("a"), false, "", &[], (16, 1), "flex");
+    let (_, b) = run(&dir.path().join("b"), false, "", &[], (2, 8), "flex");
     assert!(
         a != b,
-        "8 x 1 and 1 x 8 gave the same bits without the mode"
+        "16 x 1 and 2 x 8 gave the same bits without the mode"
     );
 }
 
