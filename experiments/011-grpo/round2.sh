@@ -42,3 +42,10 @@ for seed in 1337 2; do
     && evaluate "sft2500-lr1e4-200-s$seed" "$OUT/sft2500-lr1e4-200-s$seed") &
 done
 wait
+# Then, from round 1's SFT runs: two updates per rollout.
+for seed in 1337 2; do
+  (grpo "it2-200-s$seed" "$R1/sft-s$seed" $seed --set optimizer.lr=1e-4 --set rl.num_iterations=2 \
+      --set training.max_steps=200 \
+    && evaluate "it2-200-s$seed" "$OUT/it2-200-s$seed") &
+done
+wait
