@@ -166,51 +166,14 @@ impl Replicas {
         // `global_batch` balancing: the replicas sum their expert counts before any backward.
         let sync = StepSync::new(self.devices.len());
         let sync = &sync;
-        let fused = qwen_burn_kernels::fused_kernels();
-        let results: Vec<Result<(GradientsParams, StepStats)>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .devices
-                .iter()
-                .zip(batches.chunks(share))
-                .enumerate()
-                .map(|(i, (device, part))| {
-                    // Every replica but the first gets its own parameter leaves (`fork`: same
-                    // ParamIds, fresh autodiff nodes; on the main device the data is shared, not
-                    // copied). Replicas sharing leaves would share one autodiff graph, which
-                    // serialises their backward passes, and Burn 0.22.1's graph merging can
-                    // deadlock when one thread merges while another runs backward.
-                    let replica = if i == 0 {
-                        model.clone()
-                    } else {
-                        model.clone().fork(device)
-                    };
-                    let ddp = self.ddp.as_ref().map(|(_, plain)| plain);
-                    scope.spawn(move || {
-                        qwen_burn_kernels::with_fused_kernels(fused, || {
-                            let (grads, stats) = step.part(
-                                &replica,
-                                part,
-                                device,
-                                step_units,
-                                total_micro,
-                                Some(sync),
-                            )?;
-                            Ok(match ddp {
-                                Some(plain) => (all_reduce_grads(&replica, grads, plain), stats),
-                                None => (grads, stats),
-                            })
-                        })
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(TrainError::Other("a replica thread panicked".into()))
-                    })
-                })
-                .collect()
+        let ddp = self.ddp.as_ref().map(|(_, plain)| plain);
+        let results = self.on_replicas(model, batches.chunks(share), |replica, device, part| {
+            let (grads, stats) =
+                step.part(replica, part, device, step_units, total_micro, Some(sync))?;
+            Ok(match ddp {
+                Some(plain) => (all_reduce_grads(replica, grads, plain), stats),
+                None => (grads, stats),
+            })
         });
         let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
         let mut stats: Option<StepStats> = None;
@@ -267,7 +230,6 @@ impl Replicas {
         }
         let rows = step.forwards(batches);
         let total = rows.len();
-        let fused = qwen_burn_kernels::fused_kernels();
         let mut accumulator = GradientsAccumulator::<Qwen3ForCausalLM>::new();
         let mut stats: Option<StepStats> = None;
         for round in rows.chunks(self.devices.len()) {
@@ -275,35 +237,9 @@ impl Replicas {
                 let row = std::slice::from_ref(&round[0]);
                 vec![step.part(model, row, self.main(), step_units, total, None)]
             } else {
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = self
-                        .devices
-                        .iter()
-                        .zip(round)
-                        .enumerate()
-                        .map(|(i, (device, row))| {
-                            // As in `step`: the replicas but the first get their own leaves.
-                            let replica = if i == 0 {
-                                model.clone()
-                            } else {
-                                model.clone().fork(device)
-                            };
-                            scope.spawn(move || {
-                                qwen_burn_kernels::with_fused_kernels(fused, || {
-                                    let row = std::slice::from_ref(row);
-                                    step.part(&replica, row, device, step_units, total, None)
-                                })
-                            })
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(TrainError::Other("a replica thread panicked".into()))
-                            })
-                        })
-                        .collect()
+                self.on_replicas(model, round.iter(), |replica, device, row| {
+                    let row = std::slice::from_ref(row);
+                    step.part(replica, row, device, step_units, total, None)
                 })
             };
             for result in results {
@@ -317,6 +253,51 @@ impl Replicas {
         }
         let stats = stats.ok_or_else(|| TrainError::Other("a step without rows".into()))?;
         Ok((accumulator.grads(), stats))
+    }
+}
+
+impl Replicas {
+    /// `job` on each of `parts` with its device (part `i` on device `i`), one thread per
+    /// replica, each with the calling thread's fused-kernel setting; the results in device
+    /// order. Every replica but the first gets its own parameter leaves (`fork`: same
+    /// ParamIds, fresh autodiff nodes; on the main device the data is shared, not copied).
+    /// Replicas sharing leaves would share one autodiff graph, which serialises their backward
+    /// passes, and Burn 0.22.1's graph merging can deadlock when one thread merges while
+    /// another runs backward.
+    fn on_replicas<'p, P: ?Sized + Sync + 'p, T: Send>(
+        &self,
+        model: &Qwen3ForCausalLM,
+        parts: impl Iterator<Item = &'p P>,
+        job: impl Fn(&Qwen3ForCausalLM, &Device, &P) -> Result<T> + Sync,
+    ) -> Vec<Result<T>> {
+        let fused = qwen_burn_kernels::fused_kernels();
+        let job = &job;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .devices
+                .iter()
+                .zip(parts)
+                .enumerate()
+                .map(|(i, (device, part))| {
+                    let replica = if i == 0 {
+                        model.clone()
+                    } else {
+                        model.clone().fork(device)
+                    };
+                    scope.spawn(move || {
+                        qwen_burn_kernels::with_fused_kernels(fused, || job(&replica, device, part))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TrainError::Other("a replica thread panicked".into()))
+                    })
+                })
+                .collect()
+        })
     }
 }
 
