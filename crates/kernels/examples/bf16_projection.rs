@@ -1,13 +1,14 @@
 //! Time of a frozen projection `x @ W` forward and its input gradient (`kernels::linear_rows`,
-//! as a LoRA base weight runs) with `W` stored in f32 against `W` stored in bf16, at the shapes
-//! of a model: rows, then `d_in x d_out` pairs.
+//! as a LoRA base weight runs) with `W` stored in f32 against `W` stored in bf16 (computed in
+//! bf16 where the CPU has the kernel, `bf16_path`), and of an f32 `W` at mixed precision
+//! (`Precision::Bf16`), at the shapes of a model: rows, then `d_in x d_out` pairs.
 //!
 //!     cargo run --release --example bf16_projection -- 512 2048x2048 2048x1024 2048x6144 6144x2048
 
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
-use qwen_burn_kernels::{in_pool, linear_rows};
+use qwen_burn_kernels::{Precision, bf16_path, in_pool, linear_rows, with_precision};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -18,6 +19,7 @@ fn main() {
             (k.parse().expect("K"), m.parse().expect("M"))
         })
         .collect();
+    println!("bf16 products on this CPU: {:?}", bf16_path());
     let device = Device::flex().autodiff();
     let normal = Distribution::Normal(0.0, 1.0);
     for (k, m) in shapes {
@@ -25,10 +27,10 @@ fn main() {
         let dy = Tensor::<2>::random([n, m], normal, &device);
         let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
         let w16 = w32.clone().cast(DType::BF16);
-        let time = |w: &Tensor<2>| {
+        let time = |w: &Tensor<2>, precision: Precision| {
             let run = || {
-                let y = linear_rows(&x, w).expect("flex kernel");
-                let grads = (y * dy.clone()).sum().backward();
+                let y = with_precision(precision, || linear_rows(&x, w)).expect("flex kernel");
+                let grads = with_precision(precision, || (y * dy.clone()).sum().backward());
                 let _ = x.grad(&grads);
             };
             in_pool(|| {
@@ -42,16 +44,19 @@ fn main() {
                     .fold(f64::MAX, f64::min)
             })
         };
-        let (a, b) = (time(&w32), time(&w16));
+        let (a, b) = (time(&w32, Precision::F32), time(&w16, Precision::F32));
+        let c = time(&w32, Precision::Bf16);
         let flops = 4.0 * (n * k * m) as f64;
         println!(
-            "{n} x {k} x {m}: f32 {:.1} ms ({:.0} GFLOP/s), bf16 {:.1} ms ({:.0} GFLOP/s), \
-             bf16/f32 {:.2}",
+            "{n} x {k} x {m}: f32 {:.1} ms ({:.0} GFLOP/s), bf16 W {:.1} ms ({:.0} GFLOP/s), \
+             f32 W at bf16 precision {:.1} ms ({:.0} GFLOP/s); f32/bf16 W {:.2}",
             a * 1e3,
             flops / a / 1e9,
             b * 1e3,
             flops / b / 1e9,
-            b / a
+            c * 1e3,
+            flops / c / 1e9,
+            a / b
         );
     }
 }

@@ -39,10 +39,12 @@ macro_rules! simd_dispatch {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                     $generic($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $generic($($arg),*)
                 }
@@ -64,6 +66,7 @@ macro_rules! simd_dispatch {
 
 mod adamw;
 mod attention;
+mod bf16;
 mod cross_entropy;
 mod decode_attention;
 pub mod exp;
@@ -73,17 +76,20 @@ mod matvec;
 mod mm;
 mod moe_experts;
 mod newton_schulz;
+mod products;
 mod rms_norm;
 mod rope;
 mod swiglu;
 
 pub use adamw::{AdamWInputs, AdamWStep, adamw_update};
 pub use attention::causal_attention;
+pub use bf16::{Path as Bf16Path, bf16_path};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_sum_reference};
-pub use linear::linear_rows;
+pub use linear::{linear_rows, linear_rows_transposed};
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use moe_experts::moe_experts;
 pub use newton_schulz::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
+pub use products::Precision;
 pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use swiglu::swiglu;
@@ -94,6 +100,37 @@ use std::sync::OnceLock;
 thread_local! {
     /// The switch of the run on this thread, while [`with_fused_kernels`] holds one.
     static FUSED_HERE: Cell<Option<bool>> = const { Cell::new(None) };
+    /// The precision of the fused products on this thread ([`with_precision`]).
+    static PRECISION_HERE: Cell<Precision> = const { Cell::new(Precision::F32) };
+}
+
+/// The precision of the fused kernels' matrix products on this thread: the projections (values
+/// and both gradients), the LM head with its loss, and the MoE experts. The attention tiles,
+/// norms, losses, reductions and optimizer updates stay in f32 whatever it is. A product with a
+/// bf16 weight (a frozen LoRA base, `--dtype bf16`) runs in bf16 on a CPU with the bf16 kernel
+/// ([`bf16_path`]) at either precision.
+pub fn precision() -> Precision {
+    PRECISION_HERE.with(Cell::get)
+}
+
+/// Run `f` with the fused kernels on or off and their products at `precision` on this thread
+/// ([`with_fused_kernels`] and [`with_precision`]).
+pub fn with_kernels<R>(fused: bool, precision: Precision, f: impl FnOnce() -> R) -> R {
+    with_fused_kernels(fused, || with_precision(precision, f))
+}
+
+/// Run `f` with the fused products at `precision` on this thread, then restore what was there
+/// (as [`with_fused_kernels`]: a thread that `f` starts and that runs model code takes the
+/// setting with it).
+pub fn with_precision<R>(precision: Precision, f: impl FnOnce() -> R) -> R {
+    struct Restore(Precision);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PRECISION_HERE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(PRECISION_HERE.with(|c| c.replace(precision)));
+    f()
 }
 
 /// Whether the fused kernels run on this thread. Off, every op here takes the composed Burn path
@@ -138,6 +175,28 @@ pub fn widened<const D: usize>(w: burn::tensor::Tensor<D>) -> burn::tensor::Tens
     } else {
         w.cast(burn::tensor::DType::F32)
     }
+}
+
+/// FLOP/s of a bf16 product `[n, n] @ [n, n]` (f32 operands rounded while packed, as mixed
+/// precision runs them) on this CPU's bf16 kernel, the best of `repeats`: the peak that MFU of
+/// bf16 products is against. `None` where the CPU has no bf16 kernel ([`bf16_path`]).
+pub fn bf16_peak_flops(n: usize, repeats: usize) -> Option<f64> {
+    use bf16::{Operand, mm_bf16};
+    if bf16_path() != Bf16Path::Avx512Bf16 || n == 0 {
+        return None;
+    }
+    let a: Vec<f32> = (0..n * n)
+        .map(|i| ((i % 251) as f32 - 125.0) / 125.0)
+        .collect();
+    let mut c = vec![0.0f32; n * n];
+    let mut best = f64::MAX;
+    for _ in 0..repeats.max(1) + 1 {
+        let start = std::time::Instant::now();
+        let (x, w) = (Operand::F32(&a, n, 1), Operand::F32(&a, 1, n));
+        mm_bf16(n, n, n, x, w, (&mut c, n), false, mm::Threads::All);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Some(2.0 * (n as f64).powi(3) / best)
 }
 
 /// Run `f` on a thread of rayon's pool (at once if this already is one).
@@ -208,12 +267,12 @@ impl Elements {
     }
 
     /// The elements of an f32 or bf16 weight.
-    pub(crate) fn matrix(&self) -> mm::Matrix<'_> {
+    pub(crate) fn matrix(&self) -> products::Matrix<'_> {
         match self.tensor.dtype() {
             burn::tensor::DType::BF16 => {
-                mm::Matrix::Bf16(&self.tensor.storage::<half::bf16>()[self.range.clone()])
+                products::Matrix::Bf16(&self.tensor.storage::<half::bf16>()[self.range.clone()])
             }
-            _ => mm::Matrix::F32(self.f32()),
+            _ => products::Matrix::F32(self.f32()),
         }
     }
 }

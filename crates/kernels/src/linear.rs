@@ -21,8 +21,9 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::mm::{Matrix, Threads, mm_matrix, mm_new};
-use super::{Elements, flex_training};
+use super::mm::{Threads, mm_new};
+use super::products::{Matrix, Precision, mm_matrix, mm_new_in};
+use super::{Elements, flex_training, precision};
 
 /// Backends with the fused projection: Flex, and Autodiff over Flex (with its backward).
 #[backend_extension(Flex, Autodiff)]
@@ -107,6 +108,66 @@ pub fn linear_rows<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tenso
     Some(y.reshape(out))
 }
 
+/// `x @ w^T` over the last axis of `x` for a row-major `w: [m, k]` read in place (the tied LM
+/// head, `embed_tokens`), f32 or bf16 (a bf16 product, [`mm_matrix`]), on plain Flex without
+/// autodiff (inference); `None` elsewhere, for the composed product.
+///
+/// # Shapes
+/// - `x`: `[..., k]`, `w`: `[m, k]` -> `[..., m]`
+pub fn linear_rows_transposed<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tensor<D>> {
+    let dims = x.dims();
+    let [m, k] = w.dims();
+    if !super::flex_inference(&x.device())
+        || x.dtype() != DType::F32
+        || !matches!(w.dtype(), DType::F32 | DType::BF16)
+        || dims[D - 1] != k
+    {
+        return None;
+    }
+    let n: usize = dims[..D - 1].iter().product();
+    let y = Tensor::<2>::from_dispatch(<Dispatch as TransposedLinear>::linear_rows_transposed(
+        x.clone().reshape([n, k]).into_dispatch(),
+        w.clone().into_dispatch(),
+    ));
+    let mut out = dims;
+    out[D - 1] = m;
+    Some(y.reshape(out))
+}
+
+/// Backends with [`linear_rows_transposed`]: Flex; the function sends no other device here.
+#[backend_extension(Flex)]
+pub trait TransposedLinear: Backend {
+    /// `x @ w^T` for `x: [n, k]`, `w: [m, k]` -> `[n, m]`.
+    fn linear_rows_transposed(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(x, Self::float_transpose(w))
+    }
+}
+
+impl TransposedLinear for Flex {
+    fn linear_rows_transposed(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (n, k, m) = (
+            x.layout().shape()[0],
+            x.layout().shape()[1],
+            w.layout().shape()[0],
+        );
+        let (x, w) = (Elements::of(&x), Elements::of(&w));
+        let mut y = vec![0.0f32; n * m];
+        let (a, c) = ((x.f32(), k, 1), (&mut y[..], m));
+        mm_matrix(
+            precision(),
+            n,
+            a,
+            w.matrix(),
+            [m, k],
+            true,
+            c,
+            false,
+            Threads::All,
+        );
+        FlexTensor::from_data(TensorData::new(y, [n, m]))
+    }
+}
+
 /// `[n, k] @ [k, m]`; `w` f32 or bf16 (widened block by block, [`mm_matrix`]).
 fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, k, m) = (
@@ -115,14 +176,18 @@ fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
         w.layout().shape()[1],
     );
     let (x, w) = (Elements::of(x), Elements::of(w));
+    let precision = precision();
     let y = match w.matrix() {
-        Matrix::F32(w) => mm_new(n, m, k, (x.f32(), k, 1), (w, m, 1), Threads::All),
-        bf16 => {
+        Matrix::F32(w) if precision == Precision::F32 => {
+            mm_new(n, m, k, (x.f32(), k, 1), (w, m, 1), Threads::All)
+        }
+        w => {
             let mut y = vec![0.0f32; n * m];
             mm_matrix(
+                precision,
                 n,
                 (x.f32(), k, 1),
-                bf16,
+                w,
                 [k, m],
                 false,
                 (&mut y, m),
@@ -140,14 +205,18 @@ fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
     let k = w.layout().shape()[0];
     let (dy, w) = (Elements::of(dy), Elements::of(w));
+    let precision = precision();
     let dx = match w.matrix() {
-        Matrix::F32(w) => mm_new(n, k, m, (dy.f32(), m, 1), (w, 1, m), Threads::All),
-        bf16 => {
+        Matrix::F32(w) if precision == Precision::F32 => {
+            mm_new(n, k, m, (dy.f32(), m, 1), (w, 1, m), Threads::All)
+        }
+        w => {
             let mut dx = vec![0.0f32; n * k];
             mm_matrix(
+                precision,
                 n,
                 (dy.f32(), m, 1),
-                bf16,
+                w,
                 [k, m],
                 true,
                 (&mut dx, k),
@@ -165,7 +234,8 @@ fn weight_gradient(x: &FlexTensor, dy: &FlexTensor) -> FlexTensor {
     let (n, k) = (x.layout().shape()[0], x.layout().shape()[1]);
     let m = dy.layout().shape()[1];
     let (x, dy) = (Elements::of(x), Elements::of(dy));
-    let dw = mm_new(k, m, n, (x.f32(), 1, k), (dy.f32(), m, 1), Threads::All);
+    let (a, b) = ((x.f32(), 1, k), (dy.f32(), m, 1));
+    let dw = mm_new_in(precision(), k, m, n, a, b, Threads::All);
     FlexTensor::from_data(TensorData::new(dw, [k, m]))
 }
 
@@ -210,6 +280,52 @@ mod tests {
                     "{b}x{t}x{k}x{m} d{name}: {diff}"
                 );
             }
+        }
+    }
+
+    /// At bf16 precision, the value and both gradients equal the f32 products of the
+    /// bf16-rounded operands (on this CPU's path, printed), and differ from the f32 ones.
+    #[test]
+    fn bf16_products_equal_the_f32_products_of_rounded_operands() {
+        use crate::{Precision, bf16_path, with_precision};
+        println!("bf16 path: {:?}", bf16_path());
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let round = |t: Tensor<2>| t.cast(DType::BF16).cast(DType::F32);
+        let (n, k, m) = (70, 300, 45);
+        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
+        let w = Tensor::<2>::random([k, m], normal, &device).require_grad();
+        let dy = round(Tensor::<2>::random([n, m], normal, &device));
+        let y = with_precision(Precision::Bf16, || linear_rows(&x, &w)).unwrap();
+        let grads = with_precision(Precision::Bf16, || {
+            (y.clone() * dy.clone()).sum().backward()
+        });
+        let (xr, wr) = (round(x.clone().detach()), round(w.clone().detach()));
+        let expected = [
+            ("y", y.detach(), xr.clone().matmul(wr.clone())),
+            (
+                "dx",
+                x.grad(&grads).unwrap(),
+                dy.clone().matmul(wr.transpose()),
+            ),
+            (
+                "dw",
+                w.grad(&grads).unwrap(),
+                xr.transpose().matmul(dy.clone()),
+            ),
+        ];
+        let y32 = linear_rows(&x, &w).unwrap();
+        let grads32 = (y32.clone() * dy).sum().backward();
+        let f32s = [
+            y32.detach(),
+            x.grad(&grads32).unwrap(),
+            w.grad(&grads32).unwrap(),
+        ];
+        for ((name, found, reference), f32) in expected.into_iter().zip(f32s) {
+            let diff = (found.clone() - reference).abs().max().into_scalar::<f32>();
+            assert!(diff <= 2e-5 * (k as f32).sqrt(), "{name}: off by {diff}");
+            let from_f32 = (found - f32).abs().max().into_scalar::<f32>();
+            assert!(from_f32 > 1e-3, "{name}: the f32 product ran ({from_f32})");
         }
     }
 

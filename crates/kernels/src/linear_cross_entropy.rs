@@ -28,7 +28,8 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::cross_entropy::row_loss;
-use super::mm::{Threads, mm, mm_matrix};
+use super::mm::Threads;
+use super::products::{mm_in, mm_matrix};
 use super::{Elements, dense, flex_training, int_values};
 
 /// Backends with the fused head + cross-entropy: Flex, and Autodiff over Flex.
@@ -172,6 +173,7 @@ fn run(
         ws_shape[1]
     };
     let targets = int_values(y);
+    let precision = crate::precision();
     let w_dims = [ws_shape[0], ws_shape[1]];
 
     let grads = want.0 || want.1;
@@ -187,6 +189,7 @@ fn run(
         let lc = &mut logits[..m * v];
         // Logits `H_c @ W` ([d, v] operand: the table transposed when vocab-major).
         mm_matrix(
+            precision,
             m,
             (hc, d, 1),
             wm,
@@ -208,6 +211,7 @@ fn run(
             let dhc = &mut dh[start * d..(start + m) * d];
             // dH_c = C @ W^T ([v, d] operand: the table itself when vocab-major).
             mm_matrix(
+                precision,
                 m,
                 (lc, v, 1),
                 wm,
@@ -222,7 +226,8 @@ fn run(
             let first = start == 0;
             if vocab_major {
                 // dW [v, d] += C^T [v, m] @ H_c [m, d]
-                mm(
+                mm_in(
+                    precision,
                     v,
                     d,
                     m,
@@ -234,7 +239,8 @@ fn run(
                 );
             } else {
                 // dW [d, v] += H_c^T [d, m] @ C [m, v]
-                mm(
+                mm_in(
+                    precision,
                     d,
                     v,
                     m,

@@ -75,10 +75,14 @@ fn flex_row_matmul(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTensor> {
 /// A weight element the kernels read: f32, or bf16 widened on the fly (its bits are the high
 /// half of an f32).
 trait Weight: Copy + Send + Sync + burn::backend::Element + bytemuck::Pod {
+    /// Whether the input is rounded to bf16 first: a bf16 weight makes a bf16 product (as
+    /// prefill's, `mm::bf16`), f32 accumulation.
+    const BF16_PRODUCT: bool;
     fn f32(self) -> f32;
 }
 
 impl Weight for f32 {
+    const BF16_PRODUCT: bool = false;
     #[inline(always)]
     fn f32(self) -> f32 {
         self
@@ -86,6 +90,7 @@ impl Weight for f32 {
 }
 
 impl Weight for bf16 {
+    const BF16_PRODUCT: bool = true;
     #[inline(always)]
     fn f32(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
@@ -100,6 +105,14 @@ fn row_matmul_typed<W: Weight>(x: &FlexTensor, w: &FlexTensor) -> Option<FlexTen
     let (k, n) = (ws[0], ws[1]);
     let (x_start, x_end) = x.layout().contiguous_offsets()?;
     let xv = &x.storage::<f32>()[x_start..x_end];
+    let rounded: Vec<f32>;
+    let xv = if W::BF16_PRODUCT {
+        let bits = |v: f32| u32::from(crate::bf16::round_bits(v)) << 16;
+        rounded = xv.iter().map(|&v| f32::from_bits(bits(v))).collect();
+        &rounded[..]
+    } else {
+        xv
+    };
     let data = w.storage::<W>();
     let offset = w.layout().start_offset();
     let strides = w.layout().strides();
@@ -280,8 +293,10 @@ mod tests {
                 .cast(DType::BF16);
             let wt = Tensor::<2>::random([n, k], Distribution::Normal(0.0, 1.0), &device)
                 .cast(DType::BF16);
+            // A bf16 product: the input rounded to bf16 as well.
+            let xr = x.clone().cast(DType::BF16).cast(DType::F32);
             for w in [w, wt.transpose()] {
-                let expected = x.clone().matmul(w.clone().cast(DType::F32));
+                let expected = xr.clone().matmul(w.clone().cast(DType::F32));
                 let got = row_matmul(x.clone(), w);
                 assert_eq!(got.dtype(), DType::F32);
                 let diff = (got - expected).abs().max().into_scalar::<f32>();

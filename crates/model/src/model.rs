@@ -14,7 +14,7 @@ use crate::moe::{RouterOutput, Routing, SparseMoe};
 use crate::projection::{project, widened};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{RopeTables, rope_frequencies};
-use qwen_burn_kernels::{linear_cross_entropy, row_matmul};
+use qwen_burn_kernels::{linear_cross_entropy, linear_rows_transposed, row_matmul};
 
 /// `Qwen3Model`: everything below the LM head. Paths match the HF `model.*` keys.
 #[derive(Module, Debug)]
@@ -346,6 +346,9 @@ impl Qwen3ForCausalLM {
                 let rows = hidden.reshape([b * t, h]);
                 let logits = if b * t == 1 {
                     row_matmul(rows, w.transpose())
+                } else if let Some(logits) = linear_rows_transposed(&rows, &w) {
+                    // Inference on Flex: the table read in place (a bf16 one not widened).
+                    logits
                 } else {
                     rows.matmul(widened(w).transpose())
                 };

@@ -7,7 +7,8 @@ use rayon::prelude::*;
 
 use super::{Dims, Saved, split_rows};
 use crate::Elements;
-use crate::mm::{Threads, mm};
+use crate::mm::Threads;
+use crate::products::mm_in;
 use crate::swiglu::kernel_backward;
 
 /// Gradients for `x`, `gate`, `up`, `down` and `w`.
@@ -20,6 +21,7 @@ pub(super) fn backward(
     s: &Saved,
 ) -> [FlexTensor; 5] {
     let Dims { n, k, h, i, e } = s.dims;
+    let precision = crate::precision();
     let slots = n * k;
     let (dye, ge, ue, de, we) = (
         Elements::of(dy),
@@ -93,7 +95,8 @@ pub(super) fn backward(
             );
             // dA = dY Wd^T [c, i]; dWd = A^T dY [i, h].
             let mut da = vec![0.0f32; c * i];
-            mm(
+            mm_in(
+                precision,
                 c,
                 i,
                 h,
@@ -103,7 +106,8 @@ pub(super) fn backward(
                 false,
                 Threads::One,
             );
-            mm(
+            mm_in(
+                precision,
                 i,
                 h,
                 c,
@@ -117,7 +121,8 @@ pub(super) fn backward(
             let (mut dg, mut du) = (vec![0.0f32; c * i], vec![0.0f32; c * i]);
             kernel_backward(&da, gc, uc, &mut dg, &mut du);
             // dWg = X^T dG, dWu = X^T dU [h, i]; dX = dG Wg^T + dU Wu^T [c, h].
-            mm(
+            mm_in(
+                precision,
                 h,
                 i,
                 c,
@@ -127,7 +132,8 @@ pub(super) fn backward(
                 false,
                 Threads::One,
             );
-            mm(
+            mm_in(
+                precision,
                 h,
                 i,
                 c,
@@ -137,7 +143,8 @@ pub(super) fn backward(
                 false,
                 Threads::One,
             );
-            mm(
+            mm_in(
+                precision,
                 c,
                 h,
                 i,
@@ -147,7 +154,8 @@ pub(super) fn backward(
                 false,
                 Threads::One,
             );
-            mm(
+            mm_in(
+                precision,
                 c,
                 h,
                 i,

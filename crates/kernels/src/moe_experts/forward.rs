@@ -6,7 +6,8 @@ use burn::tensor::TensorData;
 use rayon::prelude::*;
 
 use super::{Dims, Saved, split_rows};
-use crate::mm::{Threads, mm};
+use crate::mm::Threads;
+use crate::products::mm_in;
 use crate::swiglu::kernel_forward;
 use crate::{Elements, int_values};
 
@@ -19,6 +20,7 @@ pub(super) fn forward(
     ids: &FlexTensor,
 ) -> (FlexTensor, Saved) {
     let (n, h) = (x.layout().shape()[0], x.layout().shape()[1]);
+    let precision = crate::precision();
     let (e, i) = (gate.layout().shape()[0], gate.layout().shape()[2]);
     let k = w.layout().shape()[1];
     let dims = Dims { n, k, h, i, e };
@@ -104,7 +106,8 @@ pub(super) fn forward(
                 &uv[ex * h * i..(ex + 1) * h * i],
                 &dv[ex * i * h..(ex + 1) * i * h],
             );
-            mm(
+            mm_in(
+                precision,
                 c,
                 i,
                 h,
@@ -114,7 +117,8 @@ pub(super) fn forward(
                 false,
                 Threads::One,
             );
-            mm(
+            mm_in(
+                precision,
                 c,
                 i,
                 h,
@@ -125,7 +129,8 @@ pub(super) fn forward(
                 Threads::One,
             );
             kernel_forward(gc, uc, ac);
-            mm(
+            mm_in(
+                precision,
                 c,
                 h,
                 i,

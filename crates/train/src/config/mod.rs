@@ -22,7 +22,7 @@ pub use lora::*;
 pub use preference::{PreferenceConfig, PreferenceLoss, TruncationMode};
 pub use rl::{RewardKind, RewardSpec, RlAlgorithm, RlConfig, RlLossType, ScaleRewards};
 pub use sections::*;
-pub use training_choices::{ActivationCheckpointing, Reproducible};
+pub use training_choices::{ActivationCheckpointing, Precision, Reproducible};
 
 mod choices;
 mod data_keys;
@@ -425,6 +425,13 @@ impl RunConfig {
         }
         if !(0.0..1.0).contains(&d.val_fraction) {
             return Err(TrainError::config("data.val_fraction", "must be in [0, 1)"));
+        }
+        if t.precision == Precision::Bf16 && !self.fused_kernels() {
+            return Err(TrainError::config(
+                "training.precision",
+                "\"bf16\" products are computed by the fused kernels, which this run turns off \
+                 (training.fused_kernels = false or QWEN_BURN_FUSED_KERNELS=0)",
+            ));
         }
         if t.reproducible == Reproducible::Bitwise
             && matches!(d.kind, DataKind::Preference | DataKind::Prompts)

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use qwen_burn_data::SampleMode;
 use serde::{Deserialize, Serialize};
 
-use super::training_choices::{ActivationCheckpointing, Reproducible};
+use super::training_choices::{ActivationCheckpointing, Precision, Reproducible};
 
 /// `data.kind`.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -323,6 +323,9 @@ pub struct TrainingConfig {
     /// at any thread count) or `"bitwise"` (also under any split of the global batch into
     /// micro-batches and replicas).
     pub reproducible: Reproducible,
+    /// `"f32"` (default) or `"bf16"`: mixed precision, bf16 products with f32 accumulation and
+    /// f32 weights (`Precision::Bf16`; fused Flex kernels only).
+    pub precision: Precision,
 }
 
 impl Default for TrainingConfig {
@@ -345,6 +348,7 @@ impl Default for TrainingConfig {
             fused_kernels: true,
             activation_checkpointing: ActivationCheckpointing::None,
             reproducible: Reproducible::Rerun,
+            precision: Precision::F32,
         }
     }
 }

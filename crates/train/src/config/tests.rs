@@ -224,3 +224,34 @@ fn wsd_keys_are_checked_and_only_read_with_wsd() {
     assert_eq!(c.schedule.decay_shape, DecayShape::Sqrt);
     assert_eq!(c.schedule.decay_fraction, 0.2);
 }
+
+/// `training.precision`: `"f32"` and `"bf16"`; another name is refused with the choices, and
+/// `"bf16"` with the fused kernels off (which would run f32 products) names both keys.
+#[test]
+fn precision_names_its_choices_and_needs_the_fused_kernels() {
+    assert_eq!(
+        load(&["training.precision=\"bf16\""])
+            .unwrap()
+            .training
+            .precision,
+        super::Precision::Bf16
+    );
+    assert_eq!(load(&[]).unwrap().training.precision, super::Precision::F32);
+    let e = load(&["training.precision=\"fp16\""])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("training.precision") && e.contains("bf16") && e.contains("f32"),
+        "{e}"
+    );
+    let e = load(&[
+        "training.precision=\"bf16\"",
+        "training.fused_kernels=false",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("training.precision") && e.contains("fused_kernels"),
+        "{e}"
+    );
+}

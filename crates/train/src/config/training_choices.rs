@@ -27,3 +27,27 @@ pub enum Reproducible {
     /// their order in the global batch, whichever micro-batch or replica computed them.
     Bitwise,
 }
+
+/// `training.precision`: how the fused kernels' matrix products multiply.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// f32 operands and accumulation.
+    #[default]
+    F32,
+    /// Mixed precision, as `torch.autocast(dtype=torch.bfloat16)` on CPU: the products of the
+    /// projections, the LM head and the MoE experts (values and gradients) take bf16-rounded
+    /// operands and accumulate in f32; weights, optimizer state, attention, norms, losses and
+    /// reductions stay f32.
+    Bf16,
+}
+
+impl Precision {
+    /// The kernels' setting.
+    pub fn kernels(self) -> qwen_burn_kernels::Precision {
+        match self {
+            Precision::F32 => qwen_burn_kernels::Precision::F32,
+            Precision::Bf16 => qwen_burn_kernels::Precision::Bf16,
+        }
+    }
+}

@@ -5,9 +5,11 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use qwen_burn_data::Batch;
-use qwen_burn_kernels::{in_pool, with_fused_kernels};
+use qwen_burn_kernels::{in_pool, with_kernels};
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{DeviceSet, Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate};
+use qwen_burn_model::{
+    BackendKind, DeviceSet, Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
@@ -17,7 +19,7 @@ use super::peak::{
     PeakRecord, PeakSource, cache_path, cached_peak, load_average, machine_id, measure_peak,
     peak_or_measure, store_peak,
 };
-use crate::config::{PeakTflops, RunConfig};
+use crate::config::{BaseDtype, PeakTflops, RunConfig};
 use crate::error::Result;
 use crate::optim::schedule::learning_rate;
 use crate::optim::{apply_update, build_optimizer, clip_global_norm, trainable_params};
@@ -139,7 +141,8 @@ pub fn bench_train(
         let start = Instant::now();
         let current = model;
         let (next, loss, update_secs) = in_pool(|| {
-            with_fused_kernels(config.fused_kernels(), || -> Result<_> {
+            let precision = config.training.precision.kernels();
+            with_kernels(config.fused_kernels(), precision, || -> Result<_> {
                 let (mut grads, stats) = replicas.step(&step, &current, &batches)?;
                 clip_global_norm(&current, &mut grads, config.optimizer.grad_clip)?;
                 let lr = learning_rate(i, warmup + steps, &config.optimizer, &config.schedule);
@@ -173,8 +176,27 @@ pub fn bench_train(
         Some(_) => lora_flops_per_token(model_config, t.seq_len, adapter_params),
         None => train_flops_per_token(model_config, t.seq_len),
     };
+    // Where the products run in bf16 (mixed precision, or a bf16 LoRA base on a CPU with the
+    // bf16 kernel), MFU against the f32 peak would overstate the use of the CPU: the bf16 peak
+    // is measured now, and the MFU against it given beside.
+    let bf16_products = config.fused_kernels()
+        && devices.kinds().iter().all(|k| *k == BackendKind::Flex)
+        && (t.precision == crate::config::Precision::Bf16
+            || config
+                .lora
+                .as_ref()
+                .is_some_and(|l| l.base_dtype == BaseDtype::Bf16))
+        && qwen_burn_kernels::bf16_path() == qwen_burn_kernels::Bf16Path::Avx512Bf16;
+    let bf16_peak = if bf16_products {
+        in_pool(|| qwen_burn_kernels::bf16_peak_flops(2048, 3))
+    } else {
+        None
+    };
     Ok(json!({
         "bench": "train",
+        "precision": t.precision,
+        "bf16_peak_tflops": bf16_peak.map(|p| p / 1e12),
+        "mfu_of_bf16_peak": bf16_peak.map(|p| tps * flops / p),
         "device": devices.name(),
         "replicas": replicas.len(),
         "model_type": model_config.model_type.as_str(),

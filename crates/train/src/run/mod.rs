@@ -31,7 +31,7 @@ mod steps;
 
 use std::path::{Path, PathBuf};
 
-use qwen_burn_kernels::{in_pool, with_fused_kernels};
+use qwen_burn_kernels::{in_pool, with_kernels};
 use qwen_burn_model::DeviceSet;
 
 use crate::config::RunConfig;
@@ -80,7 +80,8 @@ pub struct RunSummary {
 /// the same process keeps its own.
 pub fn train(config: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     in_pool(|| {
-        with_fused_kernels(config.fused_kernels(), || {
+        let precision = config.training.precision.kernels();
+        with_kernels(config.fused_kernels(), precision, || {
             let objective = crate::objective::of_run(config)?;
             let (run, start) = setup::prepare(config, opts, objective.as_ref())?;
             run.run(start)

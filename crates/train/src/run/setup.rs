@@ -3,7 +3,7 @@
 //! branched), the data at its cursor, the `[eval]` tasks, and the run directory's files.
 
 use qwen_burn_data::McTask;
-use qwen_burn_model::{DeviceSet, Qwen3Config, Qwen3ForCausalLM};
+use qwen_burn_model::{BackendKind, DeviceSet, Qwen3Config, Qwen3ForCausalLM};
 
 use super::RunOptions;
 use super::data::DataPipeline;
@@ -12,7 +12,7 @@ use super::memory::{check_training_memory, training_memory_line};
 use super::prepared::{Loop, Start, task_options};
 use super::refused::{Undo, only_lock};
 use super::start::{branch_from, copy_generation_config, model_config_of, start_run};
-use crate::config::{OptimizerKind, RunConfig};
+use crate::config::{OptimizerKind, Precision, RunConfig};
 use crate::error::{Result, TrainError};
 use crate::eval::tasks::check_task;
 use crate::objective::Objective;
@@ -32,6 +32,18 @@ pub(super) fn prepare<'a>(
         None => DeviceSet::parse(&config.training.device)
             .map_err(|e| TrainError::config("training.device", e.to_string()))?,
     };
+    if config.training.precision == Precision::Bf16
+        && devices.kinds().iter().any(|k| *k != BackendKind::Flex)
+    {
+        return Err(TrainError::config(
+            "training.precision",
+            format!(
+                "\"bf16\" is computed by the fused kernels of the flex device; this run's \
+                 devices are {:?}: use \"f32\" there",
+                devices.kinds()
+            ),
+        ));
+    }
     // `cuda:0,cuda:1` (or `flex,flex`: two threads on one CPU) trains data-parallel.
     let replicas = Replicas::for_set(
         &devices,

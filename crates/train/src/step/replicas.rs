@@ -270,7 +270,10 @@ impl Replicas {
         parts: impl Iterator<Item = &'p P>,
         job: impl Fn(&Qwen3ForCausalLM, &Device, &P) -> Result<T> + Sync,
     ) -> Vec<Result<T>> {
-        let fused = qwen_burn_kernels::fused_kernels();
+        let (fused, precision) = (
+            qwen_burn_kernels::fused_kernels(),
+            qwen_burn_kernels::precision(),
+        );
         let job = &job;
         std::thread::scope(|scope| {
             let handles: Vec<_> = self
@@ -285,7 +288,8 @@ impl Replicas {
                         model.clone().fork(device)
                     };
                     scope.spawn(move || {
-                        qwen_burn_kernels::with_fused_kernels(fused, || job(&replica, device, part))
+                        let job = || job(&replica, device, part);
+                        qwen_burn_kernels::with_kernels(fused, precision, job)
                     })
                 })
                 .collect();

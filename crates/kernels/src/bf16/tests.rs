@@ -1,0 +1,161 @@
+//! The bf16 products against the f64 product of the bf16-rounded operands.
+use super::*;
+use crate::mm::Threads;
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| ((i * 2_654_435_761 + seed * 40_503) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+fn widen(bits: u16) -> f64 {
+    f64::from(f32::from_bits(u32::from(bits) << 16))
+}
+
+/// Rounding agrees with `half`'s (round to nearest even) on ties, subnormals, infinities, the
+/// largest finite values and NaNs.
+#[test]
+fn rounding_is_round_to_nearest_even() {
+    let mut cases = vec![
+        0.0f32,
+        -0.0,
+        1.0,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-40,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0x3f80_8000), // a tie rounding down to even
+        f32::from_bits(0x3f81_8000), // a tie rounding up to even
+        f32::from_bits(0x3f80_8001),
+    ];
+    cases.extend(values(10_000, 7).iter().map(|v| v * 1e3));
+    for x in cases {
+        let expected = half::bf16::from_f32(x).to_bits();
+        let found = round_bits(x);
+        if x.is_nan() {
+            assert!(f32::from_bits(u32::from(found) << 16).is_nan(), "{x:e}");
+        } else {
+            assert_eq!(found, expected, "{x:e} ({:#x})", x.to_bits());
+        }
+    }
+}
+
+/// Which path this machine runs, printed, and consistent with the CPU's features.
+#[test]
+fn the_path_follows_the_cpu() {
+    let path = bf16_path();
+    println!("bf16 products on this CPU: {path:?}");
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(
+        path == Path::Avx512Bf16,
+        std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512f")
+    );
+}
+
+/// Every path, layout, dtype, edge and accumulation equals the exact product of the rounded
+/// operands to within f32 accumulation error.
+#[test]
+fn bf16_products_equal_the_product_of_the_rounded_operands() {
+    let paths = [bf16_path(), Path::Emulated];
+    println!("paths: {paths:?}");
+    let shapes = [
+        (1, 1, 1),
+        (3, 5, 2),
+        (13, 33, 7),
+        (12, 32, 384),
+        (97, 70, 385),
+        (200, 520, 400),
+        (5, 1100, 900),
+    ];
+    for (m, n, k) in shapes {
+        for a_t in [false, true] {
+            for b_t in [false, true] {
+                for b_bf16 in [false, true] {
+                    for accumulate in [false, true] {
+                        for threads in [Threads::All, Threads::One] {
+                            for path in paths {
+                                check(path, (m, n, k), (a_t, b_t, b_bf16), accumulate, threads);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check(
+    path: Path,
+    (m, n, k): (usize, usize, usize),
+    (a_t, b_t, b_bf16): (bool, bool, bool),
+    accumulate: bool,
+    threads: Threads,
+) {
+    let a = values(m * k, 1);
+    let b32 = values(k * n, 2);
+    let b16: Vec<half::bf16> = b32.iter().map(|&v| half::bf16::from_f32(v * 3.0)).collect();
+    let (a_rs, a_cs) = if a_t { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if b_t { (1, k) } else { (n, 1) };
+    let b = if b_bf16 {
+        Operand::Bf16(&b16, b_rs, b_cs)
+    } else {
+        Operand::F32(&b32, b_rs, b_cs)
+    };
+    let b_at = |p: usize, j: usize| -> f64 {
+        let at = p * b_rs + j * b_cs;
+        if b_bf16 {
+            widen(b16[at].to_bits())
+        } else {
+            widen(round_bits(b32[at]))
+        }
+    };
+    // A destination wider than the product: the columns past `n` must stay untouched.
+    let c_rs = n + 3;
+    let start = values(m * c_rs, 3);
+    let mut c = start.clone();
+    mm_bf16_on(
+        path,
+        m,
+        n,
+        k,
+        Operand::F32(&a, a_rs, a_cs),
+        b,
+        (&mut c, c_rs),
+        accumulate,
+        threads,
+    );
+    let mut worst = 0.0f64;
+    for i in 0..m {
+        for j in 0..c_rs {
+            let found = f64::from(c[i * c_rs + j]);
+            if j >= n {
+                assert_eq!(
+                    found,
+                    f64::from(start[i * c_rs + j]),
+                    "column {j} past n written"
+                );
+                continue;
+            }
+            let mut exact = if accumulate {
+                f64::from(start[i * c_rs + j])
+            } else {
+                0.0
+            };
+            for p in 0..k {
+                exact += widen(round_bits(a[i * a_rs + p * a_cs])) * b_at(p, j);
+            }
+            worst = worst.max((found - exact).abs());
+        }
+    }
+    let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
+    assert!(
+        worst <= tolerance,
+        "{path:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} bf16={b_bf16} accumulate={accumulate} \
+         {threads:?}: off by {worst:e} (tolerance {tolerance:e})"
+    );
+}
