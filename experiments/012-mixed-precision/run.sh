@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Experiment 012 (issue 41): mixed precision (`training.precision = "bf16"`) against f32 on the
 # shipped tiny dense and MoE configs, two seeds each, whole runs. One run at a time on all cores.
-# Usage: experiments/012-mixed-precision/run.sh BIN OUT   (from the repository root). Appends one
-# JSON line per run (config, seed, precision, final validation loss, tokens/s) to OUT/results.jsonl.
+# Usage: experiments/012-mixed-precision/run.sh BIN OUT [CONFIGS]   (from the repository root;
+# CONFIGS default "tiny tiny_moe"). Appends one JSON line per run (config, seed, precision, final
+# validation loss, its curve, tokens/s) to OUT/results.jsonl.
 set -euo pipefail
 BIN=$1
 OUT=$2
+CONFIGS=${3:-tiny tiny_moe}
 mkdir -p "$OUT"
-for config in tiny tiny_moe; do
+for config in $CONFIGS; do
   for seed in 1337 7; do
     for precision in f32 bf16; do
       name="$config-$precision-s$seed"

@@ -303,3 +303,35 @@ fn an_oversized_task_question_is_refused_before_its_forward() {
         "{err}"
     );
 }
+
+/// `training.precision = "bf16"` is computed by the fused kernels of the flex device: on
+/// another device it is refused before anything is written, naming the key.
+#[test]
+fn bf16_precision_off_flex_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = tiny_config(dir.path(), false, 2, 2, "");
+    let run = dir.path().join("run");
+    let out = qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&run),
+            "--device",
+            "ndarray",
+            "--set",
+            "training.precision=\"bf16\"",
+        ],
+        &[],
+    );
+    let e = fails(&out);
+    assert!(
+        e.contains("training.precision") && e.contains("flex"),
+        "{e}"
+    );
+    assert!(
+        !run.join("metrics.jsonl").exists(),
+        "a refused run wrote metrics"
+    );
+}

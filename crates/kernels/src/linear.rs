@@ -44,8 +44,9 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
         struct LinearBackward;
 
         impl Backward<Flex, 2> for LinearBackward {
-            /// `x` when `w` needs its gradient, `w` when `x` does.
-            type State = (Option<FlexTensor>, Option<FlexTensor>);
+            /// `x` when `w` needs its gradient, `w` when `x` does; the forward's precision,
+            /// which the backward's products keep.
+            type State = (Option<FlexTensor>, Option<FlexTensor>, Precision);
 
             fn backward(
                 self,
@@ -55,12 +56,12 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
             ) {
                 let [node_x, node_w] = ops.parents;
                 let dy = grads.consume::<Flex>(&ops.node);
-                let (x, w) = ops.state;
+                let (x, w, precision) = ops.state;
                 if let (Some(node), Some(w)) = (node_x, w) {
-                    grads.register::<Flex>(node.id, input_gradient(&dy, &w));
+                    grads.register::<Flex>(node.id, input_gradient(&dy, &w, precision));
                 }
                 if let (Some(node), Some(x)) = (node_w, x) {
-                    grads.register::<Flex>(node.id, weight_gradient(&x, &dy));
+                    grads.register::<Flex>(node.id, weight_gradient(&x, &dy, precision));
                 }
             }
         }
@@ -74,7 +75,8 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
             OpsKind::Tracked(prep) => {
                 let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
                 let y = product(&xp, &wp);
-                prep.finish((keep_x.then_some(xp), keep_w.then_some(wp)), y)
+                let state = (keep_x.then_some(xp), keep_w.then_some(wp), precision());
+                prep.finish(state, y)
             }
             OpsKind::UnTracked(prep) => prep.finish(product(x.primitive(), w.primitive())),
         }
@@ -201,11 +203,10 @@ fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
 }
 
 /// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides (or widened, for bf16).
-fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
+fn input_gradient(dy: &FlexTensor, w: &FlexTensor, precision: Precision) -> FlexTensor {
     let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
     let k = w.layout().shape()[0];
     let (dy, w) = (Elements::of(dy), Elements::of(w));
-    let precision = precision();
     let dx = match w.matrix() {
         Matrix::F32(w) if precision == Precision::F32 => {
             mm_new(n, k, m, (dy.f32(), m, 1), (w, 1, m), Threads::All)
@@ -230,12 +231,12 @@ fn input_gradient(dy: &FlexTensor, w: &FlexTensor) -> FlexTensor {
 }
 
 /// `dw = x^T @ dy`: `[k, n] @ [n, m]`, `x^T` read through strides.
-fn weight_gradient(x: &FlexTensor, dy: &FlexTensor) -> FlexTensor {
+fn weight_gradient(x: &FlexTensor, dy: &FlexTensor, precision: Precision) -> FlexTensor {
     let (n, k) = (x.layout().shape()[0], x.layout().shape()[1]);
     let m = dy.layout().shape()[1];
     let (x, dy) = (Elements::of(x), Elements::of(dy));
     let (a, b) = ((x.f32(), 1, k), (dy.f32(), m, 1));
-    let dw = mm_new_in(precision(), k, m, n, a, b, Threads::All);
+    let dw = mm_new_in(precision, k, m, n, a, b, Threads::All);
     FlexTensor::from_data(TensorData::new(dw, [k, m]))
 }
 
@@ -284,7 +285,8 @@ mod tests {
     }
 
     /// At bf16 precision, the value and both gradients equal the f32 products of the
-    /// bf16-rounded operands (on this CPU's path, printed), and differ from the f32 ones.
+    /// bf16-rounded operands (on this CPU's path, printed), and differ from the f32 ones; the
+    /// backward keeps the forward's precision wherever it runs.
     #[test]
     fn bf16_products_equal_the_f32_products_of_rounded_operands() {
         use crate::{Precision, bf16_path, with_precision};
@@ -297,9 +299,8 @@ mod tests {
         let w = Tensor::<2>::random([k, m], normal, &device).require_grad();
         let dy = round(Tensor::<2>::random([n, m], normal, &device));
         let y = with_precision(Precision::Bf16, || linear_rows(&x, &w)).unwrap();
-        let grads = with_precision(Precision::Bf16, || {
-            (y.clone() * dy.clone()).sum().backward()
-        });
+        // The backward runs outside the setting: it keeps the forward's precision.
+        let grads = (y.clone() * dy.clone()).sum().backward();
         let (xr, wr) = (round(x.clone().detach()), round(w.clone().detach()));
         let expected = [
             ("y", y.detach(), xr.clone().matmul(wr.clone())),

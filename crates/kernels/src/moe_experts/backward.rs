@@ -21,7 +21,7 @@ pub(super) fn backward(
     s: &Saved,
 ) -> [FlexTensor; 5] {
     let Dims { n, k, h, i, e } = s.dims;
-    let precision = crate::precision();
+    let precision = s.precision;
     let slots = n * k;
     let (dye, ge, ue, de, we) = (
         Elements::of(dy),

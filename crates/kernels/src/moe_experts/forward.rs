@@ -157,6 +157,7 @@ pub(super) fn forward(
         });
     let saved = Saved {
         dims,
+        precision,
         order,
         inverse,
         counts,

@@ -174,6 +174,8 @@ pub fn moe_experts(
 #[derive(Clone, Debug)]
 struct Saved {
     dims: Dims,
+    /// The forward's product precision, which its backward keeps.
+    precision: crate::Precision,
     /// Sorted position -> slot (`token * k + j`).
     order: Vec<usize>,
     /// Slot -> sorted position.

@@ -170,7 +170,7 @@ impl SparseMoe {
         let x = x.reshape([n, h]);
 
         // 1. Router: softmax over all experts (f32 here), top-k, optional renormalisation.
-        let logits = project(&self.gate, x.clone()); // [n, e]
+        let logits = router_logits(&self.gate, x.clone()); // [n, e]
         let probs = softmax(logits.clone(), 1);
         let (weights, indices) = match &self.routing_bias {
             None => probs.clone().topk_with_indices(k, 1),
@@ -364,7 +364,7 @@ pub fn naive_forward(moe: &SparseMoe, x: Tensor<3>) -> Tensor<3> {
     let [b, t, h] = x.dims();
     let (n, e) = (b * t, moe.num_experts());
     let x = x.reshape([n, h]);
-    let probs = softmax(project(&moe.gate, x.clone()), 1);
+    let probs = softmax(router_logits(&moe.gate, x.clone()), 1);
     let (w, idx) = match &moe.routing_bias {
         None => probs.topk_with_indices(moe.top_k, 1),
         Some(bias) => {
@@ -396,3 +396,10 @@ pub use losses::{
     assignment_loss, balancing_loss, load_balancing_loss, router_z_loss, selection_counts,
 };
 pub use stats::RouterStats;
+
+/// The router's logits, its product in f32 whatever the run's precision: a routing choice turns
+/// on small differences between logits, which bf16 operands would move (mixed-precision MoE
+/// training keeps the router in f32, as Megatron-LM and DeepSeek-V3 do). Its backward keeps f32.
+fn router_logits(gate: &Linear, x: Tensor<2>) -> Tensor<2> {
+    qwen_burn_kernels::with_precision(qwen_burn_kernels::Precision::F32, || project(gate, x))
+}
