@@ -214,8 +214,12 @@ mod tests {
                     continue;
                 }
                 let want = -lp[i * v + t as usize];
+                // Both sides sum `v` exponentials in f32, in different orders: their log-sums
+                // may differ by about `eps * sqrt(v)` (random inputs, so the bound holds with
+                // a margin, not by one draw).
+                let order = 4.0 * f32::EPSILON * (v as f32).sqrt();
                 assert!(
-                    (nll[i] - want).abs() <= 2e-6 * want.abs().max(1.0),
+                    (nll[i] - want).abs() <= 2e-6 * want.abs().max(1.0) + order,
                     "n={n} v={v} row {i}: nll {} vs {want}",
                     nll[i]
                 );

@@ -400,6 +400,16 @@ pub use stats::RouterStats;
 /// The router's logits, its product in f32 whatever the run's precision: a routing choice turns
 /// on small differences between logits, which bf16 operands would move (mixed-precision MoE
 /// training keeps the router in f32, as Megatron-LM and DeepSeek-V3 do). Its backward keeps f32.
+/// A router stored in bf16 (a frozen bf16 LoRA base) multiplies its stored values, widened, by
+/// the f32 inputs: the fused kernels would make a bf16 weight's product in bf16.
 fn router_logits(gate: &Linear, x: Tensor<2>) -> Tensor<2> {
+    let w = gate.weight.val();
+    if w.dtype() != burn::tensor::DType::F32 && gate.weight.adapter().is_none() {
+        let y = x.matmul(qwen_burn_kernels::widened(w));
+        return match &gate.bias {
+            Some(b) => y + b.val().unsqueeze(),
+            None => y,
+        };
+    }
     qwen_burn_kernels::with_precision(qwen_burn_kernels::Precision::F32, || project(gate, x))
 }
