@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import tomllib
 
 import torch
@@ -30,53 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_pytorch as cp  # noqa: E402
 
 GEN_CONFIG = "configs/bench-lora-0.6b.toml"
-
-
-def torch_autocast_train(cfg, steps, warmup, autocast):
-    """AdamW steps on random tokens, f32 weights; the forward and loss under bf16 autocast when
-    `autocast` (the backward follows the forward's dtypes, as autocast documents)."""
-    torch.manual_seed(0)
-    model = cp.hf_model(cfg)
-    model.train()
-    o, t = cfg["optimizer"], cfg["training"]
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-                            weight_decay=o["weight_decay"])
-    b, s, v = t["batch_size"], t["seq_len"], cfg["model"]["vocab_size"]
-    times = []
-    for i in range(warmup + steps):
-        ids = torch.randint(0, v, (b, s))
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, o["grad_clip"])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    med = statistics.median(times)
-    return {"tokens_per_sec": b * s / med, "step_ms_median": med * 1e3, "peak_rss_mb": cp.rss_mb()}
-
-
-def torch_bf16_generate(cfg, prompt_len, new_tokens, repeats=3):
-    torch.manual_seed(0)
-    model = cp.hf_model(cfg, dtype=torch.bfloat16).eval()
-    ids = torch.randint(0, cfg["model"]["vocab_size"], (1, prompt_len))
-    rates, prefills = [], []
-    with torch.no_grad():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(ids)
-            prefill = time.perf_counter() - start
-            prefills.append(prompt_len / prefill)
-            start = time.perf_counter()
-            out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                 pad_token_id=0, eos_token_id=None)
-            total = time.perf_counter() - start
-            rates.append((out.shape[1] - prompt_len - 1) / max(total - prefill, 1e-9))
-    return {"decode_tokens_per_sec": statistics.median(rates[1:]),
-            "prompt_tokens_per_sec": statistics.median(prefills[1:]), "peak_rss_mb": cp.rss_mb()}
 
 
 def child(kind, path, args):
@@ -142,9 +94,9 @@ def main():
         with open(os.path.join(cp.ROOT, args.configs[0]), "rb") as f:
             cfg = tomllib.load(f)
         if args.child == "generate":
-            print(json.dumps(torch_bf16_generate(cfg, 128, 64)))
+            print(json.dumps(cp.torch_generate(cfg, 128, 64, dtype=torch.bfloat16)))
         else:
-            print(json.dumps(torch_autocast_train(cfg, args.steps, args.warmup, args.child == "autocast")))
+            print(json.dumps(cp.torch_train(cfg, args.steps, args.warmup, autocast=args.child == "autocast")))
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; qwen-burn binary {cp.BIN}")
     print(subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[1].splitlines()[0].strip())

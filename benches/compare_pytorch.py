@@ -96,9 +96,11 @@ def hf_model(cfg, dtype=None):
     return Qwen3ForCausalLM(Qwen3Config(**common))
 
 
-def torch_train(cfg, steps, warmup, lora=False, base_dtype=None):
+def torch_train(cfg, steps, warmup, lora=False, base_dtype=None, autocast=False):
     """Times AdamW steps; with `lora`, PEFT LoRA on the config's targets, the base built in
-    `base_dtype` (None: f32) and the adapters in f32 (PEFT's autocast_adapter_dtype)."""
+    `base_dtype` (None: f32) and the adapters in f32 (PEFT's autocast_adapter_dtype); with
+    `autocast`, the forward and loss under `torch.autocast("cpu", dtype=torch.bfloat16)` (the
+    backward follows the forward's dtypes, as autocast documents; weights and optimizer f32)."""
     torch.manual_seed(0)
     model = hf_model(cfg, dtype=base_dtype)
     if lora:
@@ -117,7 +119,8 @@ def torch_train(cfg, steps, warmup, lora=False, base_dtype=None):
     for i in range(warmup + steps):
         ids = torch.randint(0, v, (b, s))
         start = time.perf_counter()
-        out = model(input_ids=ids, labels=ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, o["grad_clip"])
         opt.step()
@@ -147,9 +150,10 @@ def ours_train(path, steps, warmup, replicas=1, batch_size=None, sets=()):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def torch_generate(cfg, prompt_len, new_tokens, repeats=3):
+def torch_generate(cfg, prompt_len, new_tokens, repeats=3, dtype=None):
+    """Prefill and greedy decoding with the KV cache; the model built in `dtype` (None: f32)."""
     torch.manual_seed(0)
-    model = hf_model(cfg).eval()
+    model = hf_model(cfg, dtype=dtype).eval()
     ids = torch.randint(0, cfg["model"]["vocab_size"], (1, prompt_len))
     rates, prefills = [], []
     with torch.no_grad():

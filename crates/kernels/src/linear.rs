@@ -21,8 +21,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::mm::{Threads, mm_new};
-use super::products::{Matrix, Precision, mm_matrix, mm_new_in};
+use super::mm::Threads;
+use super::products::{Precision, mm_matrix_new, mm_new_in};
 use super::{Elements, flex_training, precision};
 
 /// Backends with the fused projection: Flex, and Autodiff over Flex (with its backward).
@@ -111,7 +111,7 @@ pub fn linear_rows<const D: usize>(x: &Tensor<D>, w: &Tensor<2>) -> Option<Tenso
 }
 
 /// `x @ w^T` over the last axis of `x` for a row-major `w: [m, k]` read in place (the tied LM
-/// head, `embed_tokens`), f32 or bf16 (a bf16 product, [`mm_matrix`]), on plain Flex without
+/// head, `embed_tokens`), f32 or bf16 (a bf16 product, [`mm_matrix_new`]), on plain Flex without
 /// autodiff (inference); `None` elsewhere, for the composed product.
 ///
 /// # Shapes
@@ -153,24 +153,13 @@ impl TransposedLinear for Flex {
             w.layout().shape()[0],
         );
         let (x, w) = (Elements::of(&x), Elements::of(&w));
-        let mut y = vec![0.0f32; n * m];
-        let (a, c) = ((x.f32(), k, 1), (&mut y[..], m));
-        mm_matrix(
-            precision(),
-            n,
-            a,
-            w.matrix(),
-            [m, k],
-            true,
-            c,
-            false,
-            Threads::All,
-        );
+        let a = (x.f32(), k, 1);
+        let y = mm_matrix_new(precision(), n, a, w.matrix(), [m, k], true, Threads::All);
         FlexTensor::from_data(TensorData::new(y, [n, m]))
     }
 }
 
-/// `[n, k] @ [k, m]`; `w` f32 or bf16 (widened block by block, [`mm_matrix`]).
+/// `[n, k] @ [k, m]`; `w` f32 or bf16 ([`mm_matrix_new`]).
 fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, k, m) = (
         x.layout().shape()[0],
@@ -178,55 +167,18 @@ fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
         w.layout().shape()[1],
     );
     let (x, w) = (Elements::of(x), Elements::of(w));
-    let precision = precision();
-    let y = match w.matrix() {
-        Matrix::F32(w) if precision == Precision::F32 => {
-            mm_new(n, m, k, (x.f32(), k, 1), (w, m, 1), Threads::All)
-        }
-        w => {
-            let mut y = vec![0.0f32; n * m];
-            mm_matrix(
-                precision,
-                n,
-                (x.f32(), k, 1),
-                w,
-                [k, m],
-                false,
-                (&mut y, m),
-                false,
-                Threads::All,
-            );
-            y
-        }
-    };
+    let a = (x.f32(), k, 1);
+    let y = mm_matrix_new(precision(), n, a, w.matrix(), [k, m], false, Threads::All);
     FlexTensor::from_data(TensorData::new(y, [n, m]))
 }
 
-/// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides (or widened, for bf16).
+/// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides (f32 or bf16, [`mm_matrix_new`]).
 fn input_gradient(dy: &FlexTensor, w: &FlexTensor, precision: Precision) -> FlexTensor {
     let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
     let k = w.layout().shape()[0];
     let (dy, w) = (Elements::of(dy), Elements::of(w));
-    let dx = match w.matrix() {
-        Matrix::F32(w) if precision == Precision::F32 => {
-            mm_new(n, k, m, (dy.f32(), m, 1), (w, 1, m), Threads::All)
-        }
-        w => {
-            let mut dx = vec![0.0f32; n * k];
-            mm_matrix(
-                precision,
-                n,
-                (dy.f32(), m, 1),
-                w,
-                [k, m],
-                true,
-                (&mut dx, k),
-                false,
-                Threads::All,
-            );
-            dx
-        }
-    };
+    let a = (dy.f32(), m, 1);
+    let dx = mm_matrix_new(precision, n, a, w.matrix(), [k, m], true, Threads::All);
     FlexTensor::from_data(TensorData::new(dx, [n, k]))
 }
 

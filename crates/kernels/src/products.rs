@@ -122,18 +122,55 @@ pub(crate) fn mm_matrix(
             let w = bf16::Operand::Bf16(w, ws_r, ws_c);
             bf16::mm_bf16(m, n, k, a16, w, c, accumulate, threads);
         }
-        (Matrix::Bf16(_), _) => {
-            // The same numbers without the kernel: `a` rounded, `w` widened block by block.
-            let a = bf16::rounded(a16, m, k);
-            let blocking = (WIDEN_BLOCK, MIN_REDUCTION_BLOCK);
-            let a = (&a[..], k, 1);
-            mm_matrix_blocked(m, a, w, shape, transposed, c, accumulate, threads, blocking);
-        }
-        (Matrix::F32(_), Precision::F32) => {
+        _ => {
+            // An f32 product; for a bf16 `w` without the kernel, the same numbers as the kernel's:
+            // `a` rounded, `w` widened block by block.
+            let rounded = matches!(w, Matrix::Bf16(_)).then(|| bf16::rounded(a16, m, k));
+            let a = rounded.as_deref().map_or(a, |r| (r, k, 1));
             let blocking = (WIDEN_BLOCK, MIN_REDUCTION_BLOCK);
             mm_matrix_blocked(m, a, w, shape, transposed, c, accumulate, threads, blocking);
         }
     }
+}
+
+/// [`mm_matrix`] into a new row-major `[m, n]` buffer (`n` the output width of `op(w)`). An f32
+/// product of an f32 `w` writes it without zeroing it first ([`mm_new`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mm_matrix_new(
+    precision: Precision,
+    m: usize,
+    a: (&[f32], usize, usize),
+    w: Matrix<'_>,
+    [rows, cols]: [usize; 2],
+    transposed: bool,
+    threads: Threads,
+) -> Vec<f32> {
+    let (k, n) = if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    };
+    if let (Matrix::F32(w), Precision::F32) = (w, precision) {
+        let b = if transposed {
+            (w, 1, cols)
+        } else {
+            (w, cols, 1)
+        };
+        return mm_new(m, n, k, a, b, threads);
+    }
+    let mut c = vec![0.0f32; m * n];
+    mm_matrix(
+        precision,
+        m,
+        a,
+        w,
+        [rows, cols],
+        transposed,
+        (&mut c, n),
+        false,
+        threads,
+    );
+    c
 }
 
 /// [`mm_matrix`] with its block size and reduction limit as arguments (the tests make them
