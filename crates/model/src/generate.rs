@@ -91,44 +91,92 @@ pub fn sample_next(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -
         }
         return best as u32;
     }
-    // HF warper order: temperature, top-k, top-p, then sample.
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    let mut keep = order.len();
-    // top_k = 0 is HF's "no top-k filter".
-    if let Some(k) = cfg.top_k.filter(|&k| k > 0) {
-        keep = keep.min(k);
-    }
-    let max = logits[order[0]] / cfg.temperature;
-    let mut probs: Vec<f64> = order[..keep]
-        .iter()
-        .map(|&i| f64::from(logits[i] / cfg.temperature - max).exp())
-        .collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
+    // HF warper order: temperature, top-k, top-p, then sample, walking the tokens from the most
+    // likely down (ties by id). Only the head of that order is usually read (the draw and top-p
+    // stop within a few tokens), so it is sorted on demand: a head first, more only when a walk
+    // reaches past it, instead of sorting the whole vocabulary for every token.
+    let n = logits.len();
+    let mut order = Order::new(logits);
+    let keep = cfg.top_k.filter(|&k| k > 0).map_or(n, |k| k.min(n));
+    let t = cfg.temperature;
+    let max = logits[order.at(0)] / t;
+    let weight = |i: usize| f64::from(logits[i] / t - max).exp();
+    let total: f64 = if keep == n {
+        logits.iter().enumerate().map(|(i, _)| weight(i)).sum()
+    } else {
+        (0..keep).map(|r| weight(order.at(r))).sum()
+    };
+    let prob = |i: usize| weight(i) / total;
+    let mut cut = keep;
+    let mut renorm = 1.0;
     if let Some(p) = cfg.top_p {
         let mut cumulative = 0.0;
-        let mut cut = probs.len();
-        for (i, q) in probs.iter().enumerate() {
-            cumulative += q;
+        for r in 0..keep {
+            cumulative += prob(order.at(r));
             if cumulative >= f64::from(p) {
-                cut = i + 1;
+                cut = r + 1;
                 break;
             }
         }
-        probs.truncate(cut.max(1));
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
+        renorm = (0..cut).map(|r| prob(order.at(r))).sum();
     }
     let draw: f64 = rng.random();
     let mut cumulative = 0.0;
-    for (i, p) in probs.iter().enumerate() {
-        cumulative += p;
+    for r in 0..cut {
+        let i = order.at(r);
+        cumulative += prob(i) / renorm;
         if draw < cumulative {
-            return order[i] as u32;
+            return i as u32;
         }
     }
-    order[probs.len() - 1] as u32
+    order.at(cut - 1) as u32
+}
+
+/// Token ids from the largest logit down (ties by id), sorted as far as read.
+struct Order<'a> {
+    logits: &'a [f32],
+    ids: Vec<usize>,
+    sorted: usize,
+}
+
+/// Ids sorted at first; each further read past the sorted head doubles it.
+const HEAD: usize = 64;
+
+impl<'a> Order<'a> {
+    fn new(logits: &'a [f32]) -> Self {
+        let mut order = Self {
+            logits,
+            ids: (0..logits.len()).collect(),
+            sorted: 0,
+        };
+        order.sort_to(HEAD);
+        order
+    }
+
+    /// The id of rank `r`.
+    fn at(&mut self, r: usize) -> usize {
+        if r >= self.sorted {
+            self.sort_to((2 * self.sorted).max(r + 1));
+        }
+        self.ids[r]
+    }
+
+    /// Sort ranks `sorted..upto`: select them from the unsorted rest, then sort them.
+    fn sort_to(&mut self, upto: usize) {
+        let upto = upto.min(self.ids.len());
+        if upto <= self.sorted {
+            return;
+        }
+        let logits = self.logits;
+        let before = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        let rest = &mut self.ids[self.sorted..];
+        let count = upto - self.sorted;
+        if count < rest.len() {
+            rest.select_nth_unstable_by(count, before);
+        }
+        rest[..count].sort_unstable_by(before);
+        self.sorted = upto;
+    }
 }
 
 fn ids_tensor(ids: &[u32], device: &Device) -> Tensor<2, Int> {

@@ -31,44 +31,85 @@ pub fn generate_group(
     device: &Device,
     stop: &(dyn Fn(&[u32]) -> bool + Sync),
 ) -> Result<Vec<GroupCompletion>> {
+    let mut groups = generate_groups(model, &[prompt], cfg, rngs, device, stop)?;
+    Ok(groups.pop().unwrap_or_default())
+}
+
+/// [`generate_group`] of several prompts of one length at once: their prefill is one batch, and
+/// every prompt's `rngs.len() / prompts.len()` rows (prompt by prompt in `rngs`) decode together,
+/// so a step's matrix products have all the rows (a rollout's or pass@k's many short groups
+/// would otherwise each decode a handful of rows). Each row is still what [`crate::generate`]
+/// gives with its RNG's seed.
+pub fn generate_groups(
+    model: &Qwen3ForCausalLM,
+    prompts: &[&[u32]],
+    cfg: &SamplingConfig,
+    rngs: &mut [ChaCha8Rng],
+    device: &Device,
+    stop: &(dyn Fn(&[u32]) -> bool + Sync),
+) -> Result<Vec<Vec<GroupCompletion>>> {
     cfg.validate()?;
-    let n = rngs.len();
-    if prompt.is_empty() || n == 0 {
-        return Err(ModelError::InvalidInput(
-            "a group generation needs a prompt token and one row or more".into(),
-        ));
+    let p = prompts.len();
+    let len = prompts.first().map_or(0, |x| x.len());
+    if len == 0 || rngs.is_empty() || !rngs.len().is_multiple_of(p) {
+        return Err(ModelError::InvalidInput(format!(
+            "a group generation needs prompts of one token or more and the same number of rows \
+             for each ({} rows for {p} prompts)",
+            rngs.len()
+        )));
     }
+    if let Some(other) = prompts.iter().find(|x| x.len() != len) {
+        return Err(ModelError::InvalidInput(format!(
+            "prompts decoded together need one length: {len} and {} tokens",
+            other.len()
+        )));
+    }
+    let n = rngs.len() / p;
     let vocab = model.config.vocab_size;
-    if let Some(bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
+    if let Some(bad) = prompts
+        .iter()
+        .flat_map(|x| x.iter())
+        .find(|&&id| id as usize >= vocab)
+    {
         return Err(ModelError::InvalidInput(format!(
             "prompt token id {bad} is out of range for vocab_size {vocab}"
         )));
     }
+    let rows_total = p * n;
     qwen_burn_kernels::in_pool(|| {
         let mut cache = model.new_cache();
-        let (hidden, _) = model.forward_hidden(ids(prompt, 1, device), None, Some(&mut cache));
-        // The prompt's keys and values, once per row.
+        let flat: Vec<u32> = prompts.iter().flat_map(|x| x.iter().copied()).collect();
+        let (hidden, _) = model.forward_hidden(ids(&flat, p, device), None, Some(&mut cache));
+        // Each prompt's keys and values, once per row of its group (prompt by prompt).
+        let repeat = |t: Tensor<4>| {
+            let [b, h, s, d] = t.dims();
+            t.unsqueeze_dim::<5>(1)
+                .repeat_dim(1, n)
+                .reshape([b * n, h, s, d])
+        };
         for layer in &mut cache.layers {
-            layer.keys = layer.keys.take().map(|k| k.repeat_dim(0, n));
-            layer.values = layer.values.take().map(|v| v.repeat_dim(0, n));
+            layer.keys = layer.keys.take().map(repeat);
+            layer.values = layer.values.take().map(repeat);
         }
-        let first = last_logits(model, hidden, 1)?;
-        let mut rows: Vec<GroupCompletion> = (0..n)
+        // Each row's logits: row `r` reads row `r / share` of `logits` (a prompt's prefill
+        // logits are its group's first ones).
+        let (mut logits, mut share) = (last_logits(model, hidden, p)?, n);
+        let mut rows: Vec<GroupCompletion> = (0..rows_total)
             .map(|_| GroupCompletion {
                 ids: Vec::new(),
                 stopped: false,
             })
             .collect();
-        let mut logits: Vec<Vec<f32>> = vec![first.into_iter().next().unwrap_or_default(); n];
         let pad = cfg.stop_tokens.first().copied().unwrap_or(0);
         for step in 0..cfg.max_new_tokens {
-            let mut next = Vec::with_capacity(n);
+            let mut next = Vec::with_capacity(rows_total);
             for (r, row) in rows.iter_mut().enumerate() {
                 if row.stopped {
                     next.push(pad);
                     continue;
                 }
-                let token = sample_next(&logits[r], cfg, &mut rngs[r]);
+                let at = r / share * vocab;
+                let token = sample_next(&logits[at..at + vocab], cfg, &mut rngs[r]);
                 row.ids.push(token);
                 row.stopped = cfg.stop_tokens.contains(&token) || stop(&row.ids);
                 next.push(token);
@@ -76,10 +117,16 @@ pub fn generate_group(
             if rows.iter().all(|r| r.stopped) || step + 1 == cfg.max_new_tokens {
                 break;
             }
-            let (hidden, _) = model.forward_hidden(ids(&next, n, device), None, Some(&mut cache));
-            logits = last_logits(model, hidden, n)?;
+            let (hidden, _) =
+                model.forward_hidden(ids(&next, rows_total, device), None, Some(&mut cache));
+            (logits, share) = (last_logits(model, hidden, rows_total)?, 1);
         }
-        Ok(rows)
+        let mut groups = Vec::with_capacity(p);
+        let mut rows = rows.into_iter();
+        for _ in 0..p {
+            groups.push(rows.by_ref().take(n).collect());
+        }
+        Ok(groups)
     })
 }
 
@@ -89,18 +136,15 @@ fn ids(ids: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(data, [rows, ids.len() / rows]), device)
 }
 
-/// Each row's logits at its last position.
-fn last_logits(model: &Qwen3ForCausalLM, hidden: Tensor<3>, rows: usize) -> Result<Vec<Vec<f32>>> {
+/// Each row's logits at its last position, `[rows, vocab]` row-major.
+fn last_logits(model: &Qwen3ForCausalLM, hidden: Tensor<3>, rows: usize) -> Result<Vec<f32>> {
     let [_, t, h] = hidden.dims();
     let last = hidden.narrow(1, t - 1, 1).reshape([rows, 1, h]);
-    let flat =
-        model
-            .lm_head(last)
-            .try_into_vec_as::<f32>()
-            .map_err(|e| ModelError::TensorRead {
-                key: "logits".into(),
-                reason: format!("{e:?}"),
-            })?;
-    let vocab = flat.len() / rows;
-    Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
+    model
+        .lm_head(last)
+        .try_into_vec_as::<f32>()
+        .map_err(|e| ModelError::TensorRead {
+            key: "logits".into(),
+            reason: format!("{e:?}"),
+        })
 }

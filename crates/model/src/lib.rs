@@ -39,7 +39,7 @@ pub use device::{BackendKind, DeviceSet, device_from_name};
 pub use documents::Documents;
 pub use error::{ModelError, Result};
 pub use generate::{Generation, SamplingConfig, generate};
-pub use generate_group::{GroupCompletion, generate_group};
+pub use generate_group::{GroupCompletion, generate_group, generate_groups};
 pub use generation_config::{GenerationConfig, SamplingDefaults};
 pub use kv_cache::KvCache;
 pub use model::{LayerInputs, ModelOutput, Qwen3ForCausalLM};

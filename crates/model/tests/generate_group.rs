@@ -4,7 +4,9 @@
 
 use burn::tensor::Device;
 use qwen_burn_model::init::init_weights;
-use qwen_burn_model::{Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate, generate_group};
+use qwen_burn_model::{
+    Qwen3Config, Qwen3ForCausalLM, SamplingConfig, generate, generate_group, generate_groups,
+};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -96,4 +98,60 @@ fn a_stop_predicate_ends_its_row_only() {
     }
     let err = generate_group(&model, &[], &cfg, &mut rngs, &device, &stop).unwrap_err();
     assert!(err.to_string().contains("prompt"), "{err}");
+}
+
+#[test]
+fn groups_of_several_prompts_decoded_together_equal_each_group_alone() {
+    let device = Device::flex();
+    let model = tiny_model(&device);
+    let prompts: [&[u32]; 3] = [&[1, 5, 9, 2], &[4, 4, 7, 1], &[2, 8, 3, 6]];
+    let cfg = SamplingConfig {
+        max_new_tokens: 12,
+        temperature: 1.0,
+        stop_tokens: vec![3],
+        ..SamplingConfig::default()
+    };
+    let n = 4;
+    let seed = |p: usize, r: usize| (10 * p + r) as u64;
+    let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len())
+        .flat_map(|p| (0..n).map(move |r| ChaCha8Rng::seed_from_u64(seed(p, r))))
+        .collect();
+    let together = generate_groups(&model, &prompts, &cfg, &mut rngs, &device, &|_| false).unwrap();
+    assert_eq!(together.len(), prompts.len());
+    let mut lengths = std::collections::BTreeSet::new();
+    for (p, (prompt, group)) in prompts.iter().zip(&together).enumerate() {
+        let mut rngs: Vec<ChaCha8Rng> = (0..n)
+            .map(|r| ChaCha8Rng::seed_from_u64(seed(p, r)))
+            .collect();
+        let alone = generate_group(&model, prompt, &cfg, &mut rngs, &device, &|_| false).unwrap();
+        assert_eq!(group, &alone, "prompt {p}");
+        lengths.extend(group.iter().map(|c| c.ids.len()));
+    }
+    assert!(
+        lengths.len() > 1,
+        "every row has one length: the test checks no row ending before the others"
+    );
+    // Prompts of different lengths are refused, named by their lengths.
+    let mut rngs: Vec<ChaCha8Rng> = (0..2).map(ChaCha8Rng::seed_from_u64).collect();
+    let err = generate_groups(
+        &model,
+        &[&[1, 2], &[1, 2, 3]],
+        &cfg,
+        &mut rngs,
+        &device,
+        &|_| false,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("one length: 2 and 3"), "{err}");
+    let mut rngs: Vec<ChaCha8Rng> = (0..3).map(ChaCha8Rng::seed_from_u64).collect();
+    let err = generate_groups(
+        &model,
+        &[&[1, 2], &[3, 4]],
+        &cfg,
+        &mut rngs,
+        &device,
+        &|_| false,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("3 rows for 2 prompts"), "{err}");
 }

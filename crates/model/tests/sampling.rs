@@ -246,3 +246,88 @@ fn empirical_next_token_distribution_matches_the_tempered_softmax() {
         );
     }
 }
+
+/// The sampler as HF's warpers describe it, written plainly: the whole vocabulary sorted
+/// (largest logit first, ties by id), temperature, top-k, top-p, then the draw walks that order.
+fn sample_by_full_sort(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -> u32 {
+    use rand::Rng;
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let keep = cfg
+        .top_k
+        .filter(|&k| k > 0)
+        .map_or(order.len(), |k| k.min(order.len()));
+    let max = logits[order[0]] / cfg.temperature;
+    let mut probs: Vec<f64> = order[..keep]
+        .iter()
+        .map(|&i| f64::from(logits[i] / cfg.temperature - max).exp())
+        .collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    if let Some(p) = cfg.top_p {
+        let mut cumulative = 0.0;
+        let cut = probs
+            .iter()
+            .position(|q| {
+                cumulative += q;
+                cumulative >= f64::from(p)
+            })
+            .map_or(probs.len(), |i| i + 1);
+        probs.truncate(cut);
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+    }
+    let draw: f64 = rng.random();
+    let mut cumulative = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        cumulative += p;
+        if draw < cumulative {
+            return order[i] as u32;
+        }
+    }
+    order[probs.len() - 1] as u32
+}
+
+#[test]
+fn the_sampler_draws_what_a_full_sort_of_the_vocabulary_draws() {
+    // Wide rows (a real vocabulary), peaked and flat ones (a flat row walks far past the
+    // sorted head), and rows with tied logits.
+    let mut rows = random_rows(6, 8192);
+    for row in rows.iter_mut().take(2) {
+        row.iter_mut().for_each(|x| *x *= 4.0);
+    }
+    rows.push(vec![0.5; 8192]);
+    rows.push((0..8192).map(|i| (i % 7) as f32).collect());
+    let mut walked_far = false;
+    for (temperature, top_k, top_p) in [
+        (1.0f32, None, None),
+        (0.7, Some(50), None),
+        (1.0, None, Some(0.9)),
+        (1.3, Some(300), Some(0.95)),
+        (1.0, Some(0), Some(0.5)),
+    ] {
+        let cfg = sampling(temperature, top_k, top_p, 0);
+        for (r, row) in rows.iter().enumerate() {
+            let mut a = ChaCha8Rng::seed_from_u64(r as u64);
+            let mut b = ChaCha8Rng::seed_from_u64(r as u64);
+            for draw in 0..300 {
+                let fast = sample_next(row, &cfg, &mut a);
+                let plain = sample_by_full_sort(row, &cfg, &mut b);
+                assert_eq!(
+                    fast, plain,
+                    "row {r}, draw {draw}, temperature {temperature}, top_k {top_k:?}, top_p {top_p:?}"
+                );
+                let rank = {
+                    let mut order: Vec<usize> = (0..row.len()).collect();
+                    order.sort_by(|&x, &y| row[y].total_cmp(&row[x]));
+                    order.iter().position(|&i| i == fast as usize).unwrap()
+                };
+                walked_far |= rank >= 64;
+            }
+        }
+    }
+    assert!(
+        walked_far,
+        "no draw reached past the sorted head: the test checks none"
+    );
+}

@@ -1,14 +1,15 @@
-//! A step's rollout: the group of completions of each prompt, decoded as one batch with the
+//! A step's rollout: the group of completions of each prompt, decoded in batches of groups with the
 //! policy as it is before the step, scored by the reward functions, turned into training rows
 //! (prompt + completion, the loss on the completion's tokens) with their advantages.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use qwen_burn_data::{Batch, IGNORE_INDEX, PromptSet, Tok};
-use qwen_burn_model::{GroupCompletion, Qwen3ForCausalLM, SamplingConfig, generate_group};
+use qwen_burn_model::{GroupCompletion, Qwen3ForCausalLM, SamplingConfig, generate_groups};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -96,7 +97,12 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `n` completions of every prompt of `ids`, decoded per prompt as one batch.
+/// The KV cache one decoding batch may hold (bytes): as many groups decode together as fit.
+const DECODE_CACHE_BYTES: usize = 512 << 20;
+
+/// `n` completions of every prompt of `ids`: the prompts of one token length decode together
+/// (as many groups at once as [`DECODE_CACHE_BYTES`] holds), each row with its own
+/// [`row_rng`], so a completion does not depend on which prompts share its batch.
 #[allow(clippy::too_many_arguments)]
 pub fn complete(
     model: &Qwen3ForCausalLM,
@@ -118,15 +124,35 @@ pub fn complete(
                 .decode(ids)
                 .is_ok_and(|text| stops.iter().any(|s| text.contains(s.as_str())))
     };
-    ids.iter()
-        .map(|&id| {
-            let item = sets.item(id)?;
-            let mut rngs: Vec<ChaCha8Rng> = (0..n).map(|r| row_rng(seed, step, id, r)).collect();
-            Ok(generate_group(
-                model, &item.ids, &cfg, &mut rngs, device, &stop,
-            )?)
-        })
-        .collect()
+    let items = ids
+        .iter()
+        .map(|&id| sets.item(id))
+        .collect::<Result<Vec<_>>>()?;
+    let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (k, item) in items.iter().enumerate() {
+        by_len.entry(item.ids.len()).or_default().push(k);
+    }
+    let c = &model.config;
+    let per_position = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4;
+    let mut out: Vec<Vec<GroupCompletion>> = vec![Vec::new(); ids.len()];
+    for (len, members) in by_len {
+        // The cache's buffers hold a power of two of positions, 256 at least (`kv_cache`).
+        let positions = (len + cfg.max_new_tokens).next_power_of_two().max(256);
+        let per_group = (n * positions * per_position).max(1);
+        let at_once = (DECODE_CACHE_BYTES / per_group).max(1);
+        for chunk in members.chunks(at_once) {
+            let prompts: Vec<&[u32]> = chunk.iter().map(|&k| items[k].ids.as_slice()).collect();
+            let mut rngs: Vec<ChaCha8Rng> = chunk
+                .iter()
+                .flat_map(|&k| (0..n).map(move |r| row_rng(seed, step, ids[k], r)))
+                .collect();
+            let groups = generate_groups(model, &prompts, &cfg, &mut rngs, device, &stop)?;
+            for (&k, group) in chunk.iter().zip(groups) {
+                out[k] = group;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The weighted reward of every completion, and each function's rewards.
