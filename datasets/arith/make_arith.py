@@ -4,6 +4,8 @@ Questions are "What is A + B?" or "What is A - B?" with A and B drawn uniformly 
 (subtraction results may be negative); the answer is the integer as a string. Writes
   * train.jsonl    4000 rows {"prompt": [{"role": "user", "content": "What is 12 + 345?"}], "answer": "357"}
   * heldout.jsonl   500 rows, same layout, no (A, op, B) in common with train.jsonl
+  * fresh.jsonl    8000 rows, same layout, no (A, op, B) in common with either: RL prompts the
+                   SFT run never saw (configs/grpo.toml)
   * sft.jsonl      4000 rows, the questions of train.jsonl (same order) with worked answers:
                    {"messages": [{"role": "user", "content": "What is 12 + 345?"},
                                  {"role": "assistant", "content": "12 + 345 = 357\\n#### 357"}]}
@@ -21,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 20240611
-N_TRAIN, N_HELDOUT = 4000, 500
+N_TRAIN, N_HELDOUT, N_FRESH = 4000, 500, 8000
 MAX = int(sys.argv[sys.argv.index("--max") + 1]) if "--max" in sys.argv else 999
 OUT = HERE if MAX == 999 else os.path.join(HERE, "small")
 
@@ -62,8 +64,12 @@ def main():
     taken = set()
     train = draw(rng, N_TRAIN // 2, taken)
     heldout = draw(rng, N_HELDOUT // 2, taken)
+    # Drawn last, so that the files above keep their bytes.
+    fresh = draw(rng, N_FRESH // 2, taken)
     assert not set(train) & set(heldout)
-    for name, triples in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+    assert not (set(train) | set(heldout)) & set(fresh)
+    for name, triples in (("train.jsonl", train), ("heldout.jsonl", heldout),
+                          ("fresh.jsonl", fresh)):
         write(name, [{"prompt": [{"role": "user", "content": question(*t)}], "answer": str(result(*t))}
                     for t in triples])
     sft = []
@@ -74,7 +80,7 @@ def main():
                                  {"role": "assistant", "content": worked}]})
     write("sft.jsonl", sft)
     print(f"wrote train.jsonl ({len(train)}), heldout.jsonl ({len(heldout)}), "
-          f"sft.jsonl ({len(sft)}) in {OUT}")
+          f"fresh.jsonl ({len(fresh)}), sft.jsonl ({len(sft)}) in {OUT}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ use qwen_burn_train::config::{RlAlgorithm, RlConfig, RlLossType, ScaleRewards};
 use qwen_burn_train::objective::preference::sequence_logps;
 use qwen_burn_train::objective::rl::advantage::advantages;
 use qwen_burn_train::objective::rl::loss::{TokenInputs, rl_loss, rl_loss_rows, rl_units};
-use qwen_burn_train::objective::rl::rollout::token_logps;
+use qwen_burn_train::objective::rl::rollout::{host_token_logps, token_logps};
 use qwen_burn_train::run::start::build_model;
 use serde_json::Value;
 
@@ -478,5 +478,71 @@ fn the_row_sum_path_equals_the_per_token_path_on_policy() {
             count > 0 && worst <= 1e-5,
             "{what}: gradients differ by {worst}"
         );
+    }
+}
+
+/// The old and reference log-probabilities (and the loss's, through the same [`tempered`]) are
+/// those of the sampling distribution, the logits divided by `rl.temperature`, as TRL's
+/// `GRPOTrainer` takes them: against the composed `log_softmax(logits / T)` of the model's own
+/// forward, and different from the untempered ones.
+#[test]
+fn rl_log_probabilities_are_taken_at_the_sampling_temperature() {
+    use burn::tensor::activation::log_softmax;
+    let device = Device::flex();
+    let mut config = RunConfig::load(&fixtures().join("dpo/policy.toml"), &[]).unwrap();
+    config.training.seed = 11;
+    let model = build_model(&config, &device).unwrap();
+    let vocab = model.config.vocab_size;
+    let (b, t) = (2usize, 6usize);
+    let inputs: Vec<u32> = (0..b * t).map(|i| (i * 7 % vocab) as u32).collect();
+    let targets: Vec<i64> = (0..b * t)
+        .map(|i| {
+            if i % t >= 2 {
+                ((i * 5 + 3) % vocab) as i64
+            } else {
+                IGNORE_INDEX
+            }
+        })
+        .collect();
+    let batch = Batch {
+        batch_size: b,
+        seq_len: t,
+        inputs: inputs.clone(),
+        targets: targets.clone(),
+        attention_mask: Some(vec![1; b * t]),
+        positions: None,
+        pairs: None,
+    };
+    let ids = Tensor::<2, burn::tensor::Int>::from_data(
+        TensorData::new(inputs.iter().map(|&i| i64::from(i)).collect(), [b, t]),
+        &device,
+    );
+    let logits = model.forward(ids, None, None).logits;
+    for temperature in [0.7, 1.0, 1.6] {
+        let ours = host_token_logps(&model, &batch, temperature).unwrap();
+        let composed = log_softmax(logits.clone().div_scalar(temperature), 2)
+            .try_into_vec_as::<f32>()
+            .unwrap();
+        let untempered = log_softmax(logits.clone(), 2)
+            .try_into_vec_as::<f32>()
+            .unwrap();
+        for (k, &target) in targets.iter().enumerate() {
+            if target < 0 {
+                continue;
+            }
+            let want = composed[k * vocab + target as usize];
+            assert!(
+                (ours[k] - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "temperature {temperature}, token {k}: {} vs {want}",
+                ours[k]
+            );
+            let plain = untempered[k * vocab + target as usize];
+            if temperature != 1.0 {
+                assert!(
+                    (ours[k] - plain).abs() > 1e-4,
+                    "temperature {temperature} changed nothing"
+                );
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@ use super::advantage::advantages;
 use super::loss::{TokenInputs, rl_loss, rl_loss_rows, rl_units};
 use super::rewards::Reward;
 use super::rollout::{
-    NamedReward, PromptSets, complete, host_token_logps, rows_batch, score, token_logps,
+    NamedReward, PromptSets, complete, host_token_logps, rows_batch, score, tempered, token_logps,
 };
 use crate::config::{DataKind, RewardKind, RlAlgorithm, RlConfig};
 use crate::error::{Result, TrainError};
@@ -185,10 +185,12 @@ impl Rl {
             let batch = rows_batch(sets, ids, completions, pad, rows.len() as u32)?;
             let keep_old = self.config.num_iterations > 1;
             let old = keep_old
-                .then(|| host_token_logps(&valid, &batch))
+                .then(|| host_token_logps(&valid, &batch, self.config.temperature))
                 .transpose()?;
             let reference = match self.reference.get() {
-                Some(r) if self.config.beta > 0.0 => Some(host_token_logps(r, &batch)?),
+                Some(r) if self.config.beta > 0.0 => {
+                    Some(host_token_logps(r, &batch, self.config.temperature)?)
+                }
                 _ => None,
             };
             let t = batch.seq_len;
@@ -373,6 +375,8 @@ impl Objective for Rl {
         let rollout = current
             .as_ref()
             .ok_or_else(|| TrainError::Other("an RL loss without a rollout".into()))?;
+        // The log-probabilities of the sampling distribution (logits / temperature), as TRL.
+        let hidden = tempered(hidden, self.config.temperature);
         let ids = batch
             .pairs
             .as_deref()

@@ -252,8 +252,8 @@ pub fn rows_batch(
     })
 }
 
-/// The per-token log-probabilities of `batch`'s targets, `[rows, T]` (0 where no target), and
-/// the per-token entropies of the model's distributions there; differentiable through
+/// The per-token log-probabilities of `batch`'s targets, `[rows, T]` (where no target, that of
+/// token 0: the loss masks it), and the per-token entropies of the model's distributions there; differentiable through
 /// `hidden` (the model's final hidden states of the batch).
 pub fn token_logps(
     model: &Qwen3ForCausalLM,
@@ -274,8 +274,26 @@ pub fn token_logps(
     (picked, entropy)
 }
 
-/// [`token_logps`] of `batch` through a model without autodiff, row-major on the host.
-pub fn host_token_logps(model: &Qwen3ForCausalLM, batch: &Batch) -> Result<Vec<f32>> {
+/// The final hidden states scaled by `1 / temperature`, so that the LM head (which has no bias)
+/// gives the logits divided by the sampling temperature: the log-probabilities the loss takes
+/// are those of the distribution the completions were sampled from. TRL's `GRPOTrainer`
+/// divides its logits by `temperature` likewise, for the policy, the old and the reference
+/// log-probabilities.
+pub fn tempered(hidden: Tensor<3>, temperature: f64) -> Tensor<3> {
+    if temperature == 1.0 {
+        hidden
+    } else {
+        hidden.div_scalar(temperature)
+    }
+}
+
+/// [`token_logps`] of `batch` at `temperature` ([`tempered`]) through a model without
+/// autodiff, row-major on the host.
+pub fn host_token_logps(
+    model: &Qwen3ForCausalLM,
+    batch: &Batch,
+    temperature: f64,
+) -> Result<Vec<f32>> {
     let device = model
         .devices()
         .first()
@@ -283,7 +301,7 @@ pub fn host_token_logps(model: &Qwen3ForCausalLM, batch: &Batch) -> Result<Vec<f
         .ok_or_else(|| TrainError::Other("a model without a device".into()))?;
     let (inputs, mask) = input_tensors(batch, &device);
     let (hidden, _) = model.forward_hidden(inputs, mask, None);
-    let (logps, _) = token_logps(model, hidden, batch, &device);
+    let (logps, _) = token_logps(model, tempered(hidden, temperature), batch, &device);
     logps
         .try_into_vec_as::<f32>()
         .map_err(|e| TrainError::Device(format!("{e:?}")))

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Experiment 011, round 3 (sixth session, issue 39's +0.10 target): the SFT's final learning
+# rate, more prompts a step at a higher learning rate, and RL prompts the SFT run never saw
+# (datasets/arith/small/fresh.jsonl). Each run on one thread, two or three at a time on the
+# 2-core EPYC (Zen 4). Usage: experiments/011-grpo/round3.sh BIN ROUND1_OUT OUT (from the
+# repository root; ROUND1_OUT holds round 1's sft-s1337 and sft-s2, 1500 steps of
+# configs/arith_sft.toml). Appends one JSON line per model to OUT/results.jsonl.
+set -euo pipefail
+BIN=$1
+R1=$2
+OUT=$3
+mkdir -p "$OUT"
+SMALL=datasets/arith/small
+evaluate() { # name model
+  local e
+  e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$2" --generate $SMALL/heldout.jsonl --max-new-tokens 32 --samples 8 --json)
+  python3 -c 'import json,sys; e=json.loads(sys.argv[2]); e["run"]=sys.argv[1]; print(json.dumps(e))' "$1" "$e" >> "$OUT/results.jsonl"
+}
+grpo() { # name sft seed [--set k=v ...]
+  local name=$1 sft=$2 seed=$3
+  shift 3
+  RAYON_NUM_THREADS=1 "$BIN" train --config configs/grpo.toml --run-dir "$OUT/$name" \
+    --set training.seed=$seed --set "model.from=\"$sft\"" --set checkpoint.interval=1000 "$@" \
+    > "$OUT/$name.log" 2>&1
+}
+# The SFT decayed to a tenth of the shipped final learning rate (min_lr 2e-5 against 2e-4).
+for seed in 1337 2; do
+  (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/sftlo-s$seed" \
+      --set training.seed=$seed --set schedule.min_lr=2e-5 --set checkpoint.interval=250 \
+      --set checkpoint.keep_last=10 > "$OUT/sftlo-s$seed.log" 2>&1 \
+    && evaluate "sftlo-s$seed" "$OUT/sftlo-s$seed") &
+done
+wait
+# 64 prompts a step at lr 2e-4 (min_lr 2e-5), 100 steps, from round 1's SFT runs.
+for seed in 1337 2; do
+  (grpo "b64lr2e4-s$seed" "$R1/sft-s$seed" $seed --set training.batch_size=64 \
+      --set optimizer.lr=2e-4 --set schedule.min_lr=2e-5 \
+    && evaluate "b64lr2e4-s$seed" "$OUT/b64lr2e4-s$seed") &
+done
+wait
+# RL prompts the SFT run never saw, lr 1e-4 for 200 steps (round 2's best schedule).
+for seed in 1337 2; do
+  (grpo "fresh-lr1e4-s$seed" "$R1/sft-s$seed" $seed \
+      --set "data.inputs=[\"$SMALL/fresh.jsonl\"]" --set optimizer.lr=1e-4 \
+      --set training.max_steps=200 \
+    && evaluate "fresh-lr1e4-s$seed" "$OUT/fresh-lr1e4-s$seed") &
+done
+wait
