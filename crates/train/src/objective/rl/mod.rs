@@ -2,8 +2,9 @@
 //! TRL 1.16.0's `GRPOTrainer` computes it, and nanochat's on-policy REINFORCE.
 //!
 //! A step's data are prompts. Before the step, [`Objective::rollout`] decodes `group_size`
-//! completions of each prompt with the policy as it is (one batch per prompt, the prompt's
-//! prefill shared: [`qwen_burn_model::generate_group`]), scores them with the reward functions
+//! completions of each prompt with the policy as it is (the prompts of one length in one
+//! batch, each prompt's prefill shared by its group: [`qwen_burn_model::generate_groups`]),
+//! scores them with the reward functions
 //! (summed with their weights), and turns them into training rows whose advantages are the
 //! rewards against their group's mean ([`advantage::advantages`]). The loss of those rows is
 //! [`loss::rl_loss`]. With `rl.num_iterations > 1` the rows are kept and trained on that many

@@ -101,7 +101,7 @@ fn splitmix(mut z: u64) -> u64 {
 const DECODE_CACHE_BYTES: usize = 512 << 20;
 
 /// `n` completions of every prompt of `ids`: the prompts of one token length decode together
-/// (as many groups at once as [`DECODE_CACHE_BYTES`] holds), each row with its own
+/// (as many groups at once as `DECODE_CACHE_BYTES` of KV cache holds), each row with its own
 /// [`row_rng`], so a completion does not depend on which prompts share its batch.
 #[allow(clippy::too_many_arguments)]
 pub fn complete(
