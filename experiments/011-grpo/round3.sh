@@ -70,3 +70,16 @@ wait
 #   "$BIN" eval --model "$OUT/sft2000-s2/checkpoints/step-00001500" --generate $SMALL/heldout.jsonl --json
 # and by kind of question (additions with and without a carry, subtractions with a positive
 # and a negative result): split_heldout.py OUT, then eval --generate on each OUT/h_<kind>.jsonl.
+# Three times the SFT data (the 4000 worked answers and 8000 more for fresh.jsonl's questions,
+# make_sft12k.py), 1500 steps, then 64 prompts a step at lr 2e-4 on train.jsonl.
+python3 experiments/011-grpo/make_sft12k.py "$OUT"
+for seed in 1337 2; do
+  (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/sft12k-s$seed" \
+      --set training.seed=$seed --set "data.inputs=[\"$OUT/sft12k.jsonl\"]" \
+      > "$OUT/sft12k-s$seed.log" 2>&1 \
+    && evaluate "sft12k-s$seed" "$OUT/sft12k-s$seed" \
+    && grpo "sft12k-b64lr2e4-s$seed" "$OUT/sft12k-s$seed" $seed --set training.batch_size=64 \
+        --set optimizer.lr=2e-4 --set schedule.min_lr=2e-5 \
+    && evaluate "sft12k-b64lr2e4-s$seed" "$OUT/sft12k-b64lr2e4-s$seed") &
+done
+wait
