@@ -10,19 +10,8 @@ BIN=$1
 R1=$2
 OUT=$3
 mkdir -p "$OUT"
-SMALL=datasets/arith/small
-evaluate() { # name model
-  local e
-  e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$2" --generate $SMALL/heldout.jsonl --max-new-tokens 32 --samples 8 --json)
-  python3 -c 'import json,sys; e=json.loads(sys.argv[2]); e["run"]=sys.argv[1]; print(json.dumps(e))' "$1" "$e" >> "$OUT/results.jsonl"
-}
-grpo() { # name sft seed [--set k=v ...]
-  local name=$1 sft=$2 seed=$3
-  shift 3
-  RAYON_NUM_THREADS=1 "$BIN" train --config configs/grpo.toml --run-dir "$OUT/$name" \
-    --set training.seed=$seed --set "model.from=\"$sft\"" --set checkpoint.interval=1000 "$@" \
-    > "$OUT/$name.log" 2>&1
-}
+CHECKPOINT_INTERVAL=1000
+source "$(dirname "$0")/common.sh"
 # The SFT decayed to a tenth of the shipped final learning rate (min_lr 2e-5 against 2e-4).
 for seed in 1337 2; do
   (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/sftlo-s$seed" \

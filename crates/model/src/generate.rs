@@ -179,15 +179,21 @@ impl<'a> Order<'a> {
     }
 }
 
-fn ids_tensor(ids: &[u32], device: &Device) -> Tensor<2, Int> {
+/// `ids` as `[rows, ids.len() / rows]`.
+pub(crate) fn ids_tensor(ids: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
     let data: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-    Tensor::from_data(TensorData::new(data, [1, ids.len()]), device)
+    Tensor::from_data(TensorData::new(data, [rows, ids.len() / rows]), device)
 }
 
-/// Logits of the last position only: `[1, t, hidden]` -> `vocab` floats on the host.
-fn last_logits(model: &Qwen3ForCausalLM, hidden: Tensor<3>) -> Result<Vec<f32>> {
+/// Each row's logits at its last position only: `[rows, t, hidden]` -> `[rows, vocab]` floats
+/// on the host, row-major.
+pub(crate) fn last_logits(
+    model: &Qwen3ForCausalLM,
+    hidden: Tensor<3>,
+    rows: usize,
+) -> Result<Vec<f32>> {
     let [_, t, h] = hidden.dims();
-    let last = hidden.narrow(1, t - 1, 1).reshape([1, 1, h]);
+    let last = hidden.narrow(1, t - 1, 1).reshape([rows, 1, h]);
     model
         .lm_head(last)
         .try_into_vec_as::<f32>()
@@ -241,19 +247,19 @@ fn generate_here(
     for step in 0..cfg.max_new_tokens {
         let hidden = if !cfg.use_cache {
             model
-                .forward_hidden(ids_tensor(&sequence, device), None, None)
+                .forward_hidden(ids_tensor(&sequence, 1, device), None, None)
                 .0
         } else if step == 0 {
             model
-                .forward_hidden(ids_tensor(prompt, device), None, Some(&mut cache))
+                .forward_hidden(ids_tensor(prompt, 1, device), None, Some(&mut cache))
                 .0
         } else {
             let last = &sequence[sequence.len() - 1..];
             model
-                .forward_hidden(ids_tensor(last, device), None, Some(&mut cache))
+                .forward_hidden(ids_tensor(last, 1, device), None, Some(&mut cache))
                 .0
         };
-        let logits = last_logits(model, hidden)?;
+        let logits = last_logits(model, hidden, 1)?;
         if step == 0 {
             prefill_secs = start.elapsed().as_secs_f64();
         }

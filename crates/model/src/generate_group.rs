@@ -2,11 +2,11 @@
 //! KV cache is copied to every row, then each step decodes all rows together. What RL rollouts
 //! (a group of completions per prompt) and pass@k need.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ModelError, Result};
-use crate::generate::{SamplingConfig, sample_next};
+use crate::generate::{SamplingConfig, ids_tensor, last_logits, sample_next};
 use crate::model::Qwen3ForCausalLM;
 
 /// One completion of a group.
@@ -79,7 +79,8 @@ pub fn generate_groups(
     qwen_burn_kernels::in_pool(|| {
         let mut cache = model.new_cache();
         let flat: Vec<u32> = prompts.iter().flat_map(|x| x.iter().copied()).collect();
-        let (hidden, _) = model.forward_hidden(ids(&flat, p, device), None, Some(&mut cache));
+        let (hidden, _) =
+            model.forward_hidden(ids_tensor(&flat, p, device), None, Some(&mut cache));
         // Each prompt's keys and values, once per row of its group (prompt by prompt).
         let repeat = |t: Tensor<4>| {
             let [b, h, s, d] = t.dims();
@@ -117,8 +118,11 @@ pub fn generate_groups(
             if rows.iter().all(|r| r.stopped) || step + 1 == cfg.max_new_tokens {
                 break;
             }
-            let (hidden, _) =
-                model.forward_hidden(ids(&next, rows_total, device), None, Some(&mut cache));
+            let (hidden, _) = model.forward_hidden(
+                ids_tensor(&next, rows_total, device),
+                None,
+                Some(&mut cache),
+            );
             (logits, share) = (last_logits(model, hidden, rows_total)?, 1);
         }
         let mut groups = Vec::with_capacity(p);
@@ -128,23 +132,4 @@ pub fn generate_groups(
         }
         Ok(groups)
     })
-}
-
-/// `ids` as `[rows, ids.len() / rows]`.
-fn ids(ids: &[u32], rows: usize, device: &Device) -> Tensor<2, Int> {
-    let data: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-    Tensor::from_data(TensorData::new(data, [rows, ids.len() / rows]), device)
-}
-
-/// Each row's logits at its last position, `[rows, vocab]` row-major.
-fn last_logits(model: &Qwen3ForCausalLM, hidden: Tensor<3>, rows: usize) -> Result<Vec<f32>> {
-    let [_, t, h] = hidden.dims();
-    let last = hidden.narrow(1, t - 1, 1).reshape([rows, 1, h]);
-    model
-        .lm_head(last)
-        .try_into_vec_as::<f32>()
-        .map_err(|e| ModelError::TensorRead {
-            key: "logits".into(),
-            reason: format!("{e:?}"),
-        })
 }
