@@ -180,6 +180,8 @@ fn a_grpo_run_logs_trls_figures_resumes_exactly_and_eval_generate_agrees() {
             "--samples",
             "4",
             "--json",
+            "--records",
+            s(&dir.path().join("records.jsonl")),
         ],
         &[],
     ));
@@ -198,6 +200,48 @@ fn a_grpo_run_logs_trls_figures_resumes_exactly_and_eval_generate_agrees() {
     for k in ["pass@1", "pass@2", "pass@4"] {
         assert!(eval[k].is_number(), "{k}: {eval}");
     }
+    // --records: a line per prompt in file order, with its answer; the lines' correct greedy
+    // completions give the accuracy, their correct samples pass@1 (c / n over the prompts).
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("records.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let file: Vec<serde_json::Value> = std::fs::read_to_string(&prompts)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for (i, (r, p)) in lines.iter().zip(&file).enumerate() {
+        assert_eq!(r["index"], i);
+        assert_eq!(r["answer"].as_str(), p["answer"].as_str(), "{r}");
+        let question = p["prompt"][0]["content"].as_str().unwrap();
+        assert!(r["prompt"].as_str().unwrap().contains(question), "{r}");
+        assert_eq!(r["correct"], r["reward"].as_f64().unwrap() >= 1.0, "{r}");
+    }
+    let share = |f: &dyn Fn(&serde_json::Value) -> f64| lines.iter().map(f).sum::<f64>() / 4.0;
+    let accuracy = share(&|r| f64::from(u8::from(r["correct"].as_bool().unwrap())));
+    assert_eq!(accuracy, eval["accuracy"].as_f64().unwrap(), "{eval}");
+    let pass1 = share(&|r| r["samples_correct"].as_f64().unwrap() / 4.0);
+    assert!(
+        (pass1 - eval["pass@1"].as_f64().unwrap()).abs() < 1e-12,
+        "{eval}"
+    );
+    // --records without --task or --generate names what it needs.
+    let err = fails(&qwen_burn(
+        &[
+            "eval",
+            "--model",
+            s(&hf),
+            "--text",
+            s(&prompts),
+            "--records",
+            s(&dir.path().join("r.jsonl")),
+        ],
+        &[],
+    ));
+    assert!(err.contains("--task or --generate"), "{err}");
 }
 
 #[test]

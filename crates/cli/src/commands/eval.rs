@@ -91,8 +91,9 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// With --task: write each question's tokens, log-likelihoods and prediction to this JSONL
-    /// file.
-    #[arg(long, requires = "task")]
+    /// file; with --generate, each prompt's greedy completion, reward and (with --samples)
+    /// count of correct samples.
+    #[arg(long)]
     pub records: Option<PathBuf>,
     /// tokenizer.json (default: next to the model).
     #[arg(long)]
@@ -119,8 +120,12 @@ fn check_records(args: &Args) -> Result<()> {
     let Some(out) = &args.records else {
         return Ok(());
     };
+    if args.task.is_none() && args.generate.is_none() {
+        bail!("--records writes the records of --task or --generate; give one of them");
+    }
     let inputs = [
         args.task.as_deref(),
+        args.generate.as_deref(),
         args.text.as_deref(),
         args.tokenizer.as_deref(),
         Some(args.model.model.as_path()),
@@ -159,6 +164,25 @@ fn check_records(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// One JSON line per record into `out`, through a temporary file renamed when complete.
+pub(super) fn write_records<T: serde::Serialize>(
+    out: &std::path::Path,
+    records: &[T],
+) -> Result<()> {
+    let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
+    );
+    for r in records {
+        serde_json::to_writer(&mut file, r)?;
+        writeln!(file)?;
+    }
+    file.flush()
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    drop(file);
+    std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))
+}
+
 pub fn run(args: Args) -> Result<()> {
     check_records(&args)?;
     let (model, device) = args.model.load()?;
@@ -177,6 +201,7 @@ pub fn run(args: Args) -> Result<()> {
             samples: args.samples,
             seed: args.seed,
             json: args.json,
+            records: args.records.as_deref(),
         };
         return super::generation::run_generate(&generate, prompts, &model, &tok, &device);
     }
@@ -289,18 +314,7 @@ fn run_task(
         eprintln!();
     }
     if let Some(out) = &args.records {
-        let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
-        let mut file = std::io::BufWriter::new(
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
-        );
-        for s in &scores {
-            serde_json::to_writer(&mut file, s)?;
-            writeln!(file)?;
-        }
-        file.flush()
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        drop(file);
-        std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))?;
+        write_records(out, &scores)?;
     }
     if args.json {
         println!("{}", serde_json::to_string(&result)?);

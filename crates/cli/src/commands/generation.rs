@@ -22,6 +22,8 @@ pub struct GenerateArgs<'a> {
     pub samples: usize,
     pub seed: u64,
     pub json: bool,
+    /// `--records`: each prompt's greedy completion and score, as JSONL.
+    pub records: Option<&'a Path>,
 }
 
 pub fn run_generate(
@@ -72,6 +74,9 @@ pub fn run_generate(
         args.seed,
         device,
     )?;
+    if let Some(out) = args.records {
+        super::eval::write_records(out, &result.records)?;
+    }
     if args.json {
         let mut out = serde_json::json!({
             "prompts": result.prompts,

@@ -31,6 +31,29 @@ pub struct GenerationEval {
     /// pass@k for k = 1, 2, 4, ... up to `samples` (and `samples` itself), by the unbiased
     /// estimator; empty without samples.
     pub pass_at: Vec<(usize, f64)>,
+    /// Each prompt's greedy completion and its score, in file order (`eval --records`).
+    #[serde(skip)]
+    pub records: Vec<GenerationRecord>,
+}
+
+/// One prompt's line of `eval --generate --records`.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationRecord {
+    /// The prompt's place in its file, counted from 0.
+    pub index: usize,
+    /// The prompt as the model saw it (chat template applied).
+    pub prompt: String,
+    /// The reference answer.
+    pub answer: String,
+    /// The greedy completion as the reward read it (its stop token left off).
+    pub completion: String,
+    /// Its reward.
+    pub reward: f64,
+    /// Whether it earns a reward of 1 or more (what `accuracy` counts).
+    pub correct: bool,
+    /// With samples: how many of them earn a reward of 1 or more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples_correct: Option<usize>,
 }
 
 /// The unbiased pass@k of a prompt with `c` correct of `n` samples.
@@ -74,6 +97,28 @@ pub fn evaluate_generation(
     let greedy = complete(model, &sets, sampling, &ids, 1, true, seed, 0, device)?;
     let (total, _) = score(&rewards, &sets, &ids, &greedy)?;
     let n = ids.len().max(1) as f64;
+    let records = ids
+        .iter()
+        .zip(&greedy)
+        .zip(&total)
+        .map(|((&id, group), &reward)| {
+            let item = sets.item(id)?;
+            let completion = group
+                .iter()
+                .map(|c| sets.completion_text(&c.ids))
+                .collect::<Result<Vec<_>>>()?
+                .concat();
+            Ok(GenerationRecord {
+                index: id as usize,
+                prompt: item.text.clone(),
+                answer: item.answer.clone(),
+                completion,
+                reward,
+                correct: reward >= 1.0,
+                samples_correct: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut out = GenerationEval {
         prompts: ids.len(),
         accuracy: total.iter().filter(|&&r| r >= 1.0).count() as f64 / n,
@@ -81,6 +126,7 @@ pub fn evaluate_generation(
         mean_length: greedy.iter().flatten().map(|c| c.ids.len()).sum::<usize>() as f64 / n,
         samples,
         pass_at: Vec::new(),
+        records,
     };
     if samples == 0 {
         return Ok(out);
@@ -93,6 +139,9 @@ pub fn evaluate_generation(
         .chunks(samples)
         .map(|g| g.iter().filter(|&&r| r >= 1.0).count())
         .collect();
+    for (r, &c) in out.records.iter_mut().zip(&correct) {
+        r.samples_correct = Some(c);
+    }
     let mut ks: Vec<usize> = std::iter::successors(Some(1usize), |k| Some(k * 2))
         .take_while(|&k| k <= samples)
         .collect();
