@@ -10,7 +10,9 @@
 use qwen_burn_model::memory::{Estimate, human, memory_limit};
 use qwen_burn_model::{BackendKind, Qwen3Config};
 
-use crate::config::{ActivationCheckpointing, BaseDtype, LoraConfig, LoraTarget, RunConfig};
+use crate::config::{
+    ActivationCheckpointing, BaseDtype, DataKind, LoraConfig, LoraTarget, RunConfig,
+};
 use crate::error::{Result, TrainError};
 
 /// Bytes of one f32 value.
@@ -53,7 +55,17 @@ pub fn training_estimate(config: &RunConfig, model: &Qwen3Config, kind: BackendK
         ),
     }
     let t = &config.training;
-    let tokens = n(t.batch_size) * n(t.seq_len);
+    // Rows a micro-batch trains: a prompt becomes `rl.group_size` completions, a preference
+    // pair its chosen and its rejected row.
+    let (per_item, items) = match config.data.kind {
+        DataKind::Prompts => (
+            n(config.rl.group_size),
+            "training.batch_size x rl.group_size",
+        ),
+        DataKind::Preference => (2, "training.batch_size x 2 rows a pair"),
+        DataKind::Text | DataKind::Sft => (1, "training.batch_size"),
+    };
+    let tokens = n(t.batch_size) * per_item * n(t.seq_len);
     let (h, hd) = (n(model.hidden_size), n(model.head_dim));
     let (hq, hkv) = (n(model.num_attention_heads), n(model.num_key_value_heads));
     let inner = match &model.moe {
@@ -70,14 +82,15 @@ pub fn training_estimate(config: &RunConfig, model: &Qwen3Config, kind: BackendK
         // Each layer's input, and one layer's activations at a time in the backward.
         estimate.push(
             tokens * (n(model.num_hidden_layers) * h + per_layer) * F32,
-            "activations (training.batch_size x training.seq_len x (num_hidden_layers x \
-             hidden_size + one layer's), training.activation_checkpointing = \"layers\")",
+            format!(
+                "activations ({items} x training.seq_len x (num_hidden_layers x hidden_size + \
+                 one layer's), training.activation_checkpointing = \"layers\")"
+            ),
         );
     } else {
         estimate.push(
             tokens * n(model.num_hidden_layers) * per_layer * F32,
-            "activations (training.batch_size x training.seq_len x num_hidden_layers x \
-             hidden_size)",
+            format!("activations ({items} x training.seq_len x num_hidden_layers x hidden_size)"),
         );
     }
     let fused = kind == BackendKind::Flex && t.fused_kernels;
@@ -85,19 +98,23 @@ pub fn training_estimate(config: &RunConfig, model: &Qwen3Config, kind: BackendK
         // The fused head + loss never forms the `[tokens, vocab]` logits: one row chunk.
         estimate.push(
             tokens.min(HEAD_CHUNK_ROWS) * n(model.vocab_size) * F32,
-            "logits of one row chunk (training.batch_size x training.seq_len, at most 512 rows, \
-             x vocab_size: the fused LM head and loss)",
+            format!(
+                "logits of one row chunk ({items} x training.seq_len, at most 512 rows, x \
+                 vocab_size: the fused LM head and loss)"
+            ),
         );
     } else {
         estimate.push(
             2 * tokens * n(model.vocab_size) * F32,
-            "logits and their gradient (training.batch_size x training.seq_len x vocab_size)",
+            format!("logits and their gradient ({items} x training.seq_len x vocab_size)"),
         );
         // The composed attention keeps its scores and probabilities: heads x seq_len per token.
         estimate.push(
             2 * tokens * n(t.seq_len) * hq * n(model.num_hidden_layers) * F32,
-            "attention scores (training.batch_size x training.seq_len^2 x num_attention_heads \
-             x num_hidden_layers, composed attention)",
+            format!(
+                "attention scores ({items} x training.seq_len^2 x num_attention_heads x \
+                 num_hidden_layers, composed attention)"
+            ),
         );
     }
     estimate
@@ -337,6 +354,32 @@ mod tests {
             }
         }
         RunConfig::from_table(table).unwrap()
+    }
+
+    /// A GRPO micro-batch trains `batch_size x group_size` rows and a preference one two rows a
+    /// pair: the activation terms grow with the rows and name what they grow with.
+    #[test]
+    fn rl_groups_and_preference_pairs_count_their_rows() {
+        let part = |extra: &str, term: &str| {
+            let config = config_with(extra);
+            let model = crate::run::start::model_config_of(&config).unwrap();
+            training_estimate(&config, &model, BackendKind::Flex)
+                .parts
+                .into_iter()
+                .find(|p| p.what.starts_with(term))
+                .unwrap()
+        };
+        for term in ["activations", "logits of one row chunk"] {
+            let text = part("", term);
+            let rl = part(
+                "[data]\nkind = \"prompts\"\n[rl]\ngroup_size = 8\n[[rl.rewards]]\nkind = \"exact_match\"\n",
+                term,
+            );
+            assert_eq!(rl.bytes, 8 * text.bytes, "{}", rl.what);
+            assert!(rl.what.contains("rl.group_size"), "{}", rl.what);
+            let pairs = part("[data]\nkind = \"preference\"\n", term);
+            assert_eq!(pairs.bytes, 2 * text.bytes, "{}", pairs.what);
+        }
     }
 
     /// Each option offered for a run over the limit does fit when applied, and the ones the
