@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Round 5 (eighth session): GRPO variants from round 4's weight-decay SFT runs (seeds 1337 and 2).
-#   bash experiments/011-grpo/round5.sh BIN ROUND4_OUT OUT STAGE
+#   bash experiments/011-grpo/round5.sh BIN ROUND4_OUT OUT STAGE   (STAGE: t07, s200, g16 or avg)
 # Each stage runs its two seeds side by side, one thread each, then evaluates them as
 # common.sh does. The GRPO base is round 4's: 64 prompts a step, lr 2e-4 decayed to 2e-5.
 set -euo pipefail
