@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Round 5 (eighth session): GRPO variants from round 4's weight-decay SFT runs (seeds 1337 and 2).
-#   bash experiments/011-grpo/round5.sh BIN ROUND4_OUT OUT STAGE   (STAGE: t07, s200, g16 or avg)
+#   bash experiments/011-grpo/round5.sh BIN ROUND4_OUT OUT STAGE   (STAGE: t07, s200, g16, s34 or avg)
 # Each stage runs its two seeds side by side, one thread each, then evaluates them as
 # common.sh does. The GRPO base is round 4's: 64 prompts a step, lr 2e-4 decayed to 2e-5.
 set -euo pipefail
@@ -29,9 +29,10 @@ case $STAGE in
   t07) extra=(--set rl.temperature=0.7) ;;
   s200) extra=(--set training.max_steps=200) ;;
   g16) extra=(--set rl.group_size=16 --set training.batch_size=32) ;;  # the same 512 rows a step
+  s34) extra=(); SEEDS="3 4" ;;  # the shipped setting from round 4's seeds 3 and 4
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
-for seed in 1337 2; do
+for seed in ${SEEDS:-1337 2}; do
   name="sftwd-$STAGE-s$seed"
   (grpo "$name" "$R4/sftwd-s$seed" $seed "${base[@]}" "${extra[@]}" \
     && evaluate "$name" "$OUT/$name") &
