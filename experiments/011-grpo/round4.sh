@@ -15,11 +15,6 @@ OUT=$3
 mkdir -p "$OUT"
 CHECKPOINT_INTERVAL=25
 source "$(dirname "$0")/common.sh"
-b64() { # name sft seed [--set k=v ...]: 64 prompts a step at lr 2e-4 (min_lr 2e-5), 100 steps
-  local name=$1
-  grpo "$@" --set training.batch_size=64 --set optimizer.lr=2e-4 \
-    --set schedule.min_lr=2e-5 --set checkpoint.keep_last=10 && evaluate "$name" "$OUT/$name"
-}
 sft_wd() { # name seed weight_decay
   RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/$1" \
     --set training.seed="$2" --set optimizer.weight_decay="$3" --set checkpoint.interval=250 \

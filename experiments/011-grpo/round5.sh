@@ -2,13 +2,11 @@
 # Round 5 (eighth session): GRPO variants from round 4's weight-decay SFT runs (seeds 1337 and 2).
 #   bash experiments/011-grpo/round5.sh BIN ROUND4_OUT OUT STAGE   (STAGE: t07, s200, g16, s34 or avg)
 # Each stage runs its two seeds side by side, one thread each, then evaluates them as
-# common.sh does. The GRPO base is round 4's: 64 prompts a step, lr 2e-4 decayed to 2e-5.
+# common.sh does. The GRPO base is round 4's (`b64`): 64 prompts a step, lr 2e-4 decayed to 2e-5.
 set -euo pipefail
 BIN=$1; R4=$2; OUT=$3; STAGE=$4; CHECKPOINT_INTERVAL=25
 mkdir -p "$OUT"
 source experiments/011-grpo/common.sh
-base=(--set training.batch_size=64 --set optimizer.lr=2e-4 --set schedule.min_lr=2e-5
-      --set checkpoint.keep_last=10)
 if [ "$STAGE" = avg ]; then
   # Weights averaged over round 4's GRPO checkpoints (steps 75-100 and 50-100), greedy only.
   for seed in 1337 2; do
@@ -18,10 +16,7 @@ if [ "$STAGE" = avg ]; then
     done
     python experiments/011-grpo/average_checkpoints.py "$OUT/avg2-s$seed" "$OUT"/x-s$seed-{075,100}
     python experiments/011-grpo/average_checkpoints.py "$OUT/avg3-s$seed" "$OUT"/x-s$seed-{050,075,100}
-    for m in "avg2-s$seed" "avg3-s$seed" "x-s$seed-075"; do
-      e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/$m" --generate $SMALL/heldout.jsonl --json)
-      python3 -c 'import json,sys; e=json.loads(sys.argv[2]); e["run"]=sys.argv[1]; print(json.dumps(e))' "$m" "$e" >> "$OUT/results.jsonl"
-    done
+    for m in "avg2-s$seed" "avg3-s$seed" "x-s$seed-075"; do greedy "$m" "$OUT/$m"; done
   done
   exit 0
 fi
@@ -34,7 +29,6 @@ case $STAGE in
 esac
 for seed in ${SEEDS:-1337 2}; do
   name="sftwd-$STAGE-s$seed"
-  (grpo "$name" "$R4/sftwd-s$seed" $seed "${base[@]}" "${extra[@]}" \
-    && evaluate "$name" "$OUT/$name") &
+  b64 "$name" "$R4/sftwd-s$seed" $seed "${extra[@]}" &
 done
 wait
