@@ -97,7 +97,16 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    // Inference packs each frozen bf16 weight for the bf16 kernel once and keeps it (a second
+    // copy of those weights) instead of packing it again in every product; training does not.
+    // (`bench generate` holds its own.)
+    let _packed = matches!(
+        command,
+        Command::Generate(_) | Command::Score(_) | Command::Eval(_)
+    )
+    .then(qwen_burn_model::keep_packed_weights);
+    match command {
         Command::Train(a) => train::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),

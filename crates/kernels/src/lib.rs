@@ -83,7 +83,7 @@ mod swiglu;
 
 pub use adamw::{AdamWInputs, AdamWStep, adamw_update};
 pub use attention::causal_attention;
-pub use bf16::{Path as Bf16Path, bf16_path};
+pub use bf16::{PackedWeights, Path as Bf16Path, bf16_path, keep_packed_weights};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_sum_reference};
 pub use linear::{linear_rows, linear_rows_transposed};
 pub use linear_cross_entropy::linear_cross_entropy;
@@ -247,18 +247,22 @@ pub(crate) fn dense(t: &burn::backend::flex::FlexTensor) -> burn::backend::flex:
 pub(crate) struct Elements {
     tensor: burn::backend::flex::FlexTensor,
     range: std::ops::Range<usize>,
+    /// Whether `tensor` is a copy made here (not worth keeping packed: the next call makes
+    /// another).
+    copied: bool,
 }
 
 impl Elements {
     pub(crate) fn of(t: &burn::backend::flex::FlexTensor) -> Self {
-        let tensor = if t.is_contiguous() {
-            t.clone()
-        } else {
-            t.to_contiguous()
-        };
+        let copied = !t.is_contiguous();
+        let tensor = if copied { t.to_contiguous() } else { t.clone() };
         let start = tensor.layout().start_offset();
         let range = start..start + tensor.layout().num_elements();
-        Self { tensor, range }
+        Self {
+            tensor,
+            range,
+            copied,
+        }
     }
 
     /// The f32 elements.
@@ -270,7 +274,11 @@ impl Elements {
     pub(crate) fn matrix(&self) -> products::Matrix<'_> {
         match self.tensor.dtype() {
             burn::tensor::DType::BF16 => {
-                products::Matrix::Bf16(&self.tensor.storage::<half::bf16>()[self.range.clone()])
+                let w = &self.tensor.storage::<half::bf16>()[self.range.clone()];
+                if !self.copied {
+                    bf16::retain(&self.tensor, w);
+                }
+                products::Matrix::Bf16(w)
             }
             _ => products::Matrix::F32(self.f32()),
         }

@@ -282,6 +282,49 @@ mod tests {
         }
     }
 
+    /// Under a [`crate::keep_packed_weights`] guard a frozen bf16 weight is packed once and
+    /// kept: its products (as is, and transposed as the tied LM head reads it) give the bits of
+    /// the products that pack it every call, and the kept copies go with the guard. Where the
+    /// CPU lacks the kernel nothing is kept.
+    #[test]
+    fn kept_packed_weights_give_the_bits_of_packing_every_call() {
+        use crate::bf16::{Path, bf16_path, kept_packed_forms};
+        let device = Device::flex();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let (n, k, m) = (37, 600, 90);
+        let x = Tensor::<2>::random([n, k], normal, &device);
+        let xt = Tensor::<2>::random([n, m], normal, &device);
+        let w = Tensor::<2>::random([k, m], normal, &device).cast(DType::BF16);
+        let bits = |t: Tensor<2>| -> Vec<u32> {
+            let v = t.into_data().try_to_vec::<f32>().unwrap();
+            v.into_iter().map(f32::to_bits).collect()
+        };
+        let products = || {
+            let y = bits(linear_rows(&x, &w).unwrap());
+            let yt = bits(linear_rows_transposed(&xt, &w).unwrap());
+            (y, yt)
+        };
+        let each_call = products();
+        let guard = crate::keep_packed_weights();
+        let first = products();
+        let kept = kept_packed_forms();
+        let second = products();
+        drop(guard);
+        assert_eq!(first, each_call, "the products that packed the weight");
+        assert_eq!(second, each_call, "the products that read the kept packing");
+        let expected = if bf16_path() == Path::Avx512Bf16 {
+            2
+        } else {
+            0
+        };
+        println!("bf16 path {:?}: {kept} packed forms kept", bf16_path());
+        assert!(
+            kept >= expected && (expected > 0 || kept == 0),
+            "{kept} packed forms kept"
+        );
+        assert_eq!(kept_packed_forms(), 0, "kept past the guard");
+    }
+
     /// A frozen weight gets no gradient; the input's is still formed.
     #[test]
     fn a_frozen_weight_gets_no_gradient() {

@@ -119,8 +119,12 @@ pub(crate) fn mm_matrix(
             bf16::mm_bf16(m, n, k, a16, w, c, accumulate, threads);
         }
         (Matrix::Bf16(w), _) if bf16::bf16_path() == bf16::Path::Avx512Bf16 => {
-            let w = bf16::Operand::Bf16(w, ws_r, ws_c);
-            bf16::mm_bf16(m, n, k, a16, w, c, accumulate, threads);
+            let kept = bf16::packed(w, shape, transposed);
+            let rhs = match &kept {
+                Some(p) => bf16::Rhs::Packed(p),
+                None => bf16::Rhs::Pack(bf16::Operand::Bf16(w, ws_r, ws_c)),
+            };
+            bf16::mm_bf16_kernel(m, n, k, a16, rhs, c, accumulate, threads);
         }
         _ => {
             // An f32 product; for a bf16 `w` without the kernel, the same numbers as the kernel's:
@@ -157,6 +161,23 @@ pub(crate) fn mm_matrix_new(
             (w, cols, 1)
         };
         return mm_new(m, n, k, a, b, threads);
+    }
+    if bf16::bf16_path() == bf16::Path::Avx512Bf16 {
+        // The kernel writes every element: no zeroing first.
+        let (ws_r, ws_c) = if transposed { (1, cols) } else { (cols, 1) };
+        let a16 = bf16::Operand::F32(a.0, a.1, a.2);
+        let kept = match w {
+            Matrix::Bf16(w) => bf16::packed(w, [rows, cols], transposed),
+            Matrix::F32(_) => None,
+        };
+        let rhs = match (&kept, w) {
+            (Some(p), _) => bf16::Rhs::Packed(p),
+            (None, Matrix::Bf16(w)) => bf16::Rhs::Pack(bf16::Operand::Bf16(w, ws_r, ws_c)),
+            (None, Matrix::F32(w)) => bf16::Rhs::Pack(bf16::Operand::F32(w, ws_r, ws_c)),
+        };
+        if let Some(c) = bf16::mm_bf16_kernel_new(m, n, k, a16, rhs, threads) {
+            return c;
+        }
     }
     let mut c = vec![0.0f32; m * n];
     mm_matrix(

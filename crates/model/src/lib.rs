@@ -47,4 +47,6 @@ pub use moe::{
     RouterOutput, RouterStats, assignment_loss, balancing_loss, load_balancing_loss, router_z_loss,
     selection_counts,
 };
+/// Keep frozen bf16 weights packed for the bf16 kernel while the guard lives (inference).
+pub use qwen_burn_kernels::{PackedWeights, keep_packed_weights};
 pub use weights::SafetensorsCheckpoint;

@@ -166,6 +166,8 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 (None, None) => bail!("give --config FILE or --model DIR"),
             };
             let model = dtype.apply(model);
+            // As `generate` runs: frozen bf16 weights packed once (`main`).
+            let _packed = qwen_burn_model::keep_packed_weights();
             let mut result = bench_generate(
                 &model,
                 device.name(),

@@ -19,9 +19,14 @@ use rayon::prelude::*;
 use crate::mm::{Threads, extent, mm};
 
 mod pack;
+mod prepack;
 
 use pack::{KC2, pack_all};
 pub(crate) use pack::{Operand, round_bits};
+#[cfg(test)]
+pub(crate) use prepack::kept_packed_forms;
+pub(crate) use prepack::{PackedB, packed, retain};
+pub use prepack::{PackedWeights, keep_packed_weights};
 
 /// How a bf16 product is computed on this CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,32 +65,24 @@ pub(crate) fn mm_bf16_on(
     accumulate: bool,
     threads: Threads,
 ) {
-    let ((a_rs, a_cs), (b_rs, b_cs)) = (a.strides(), b.strides());
-    assert!(a.len() >= extent(m, k, a_rs, a_cs), "lhs out of bounds");
-    assert!(b.len() >= extent(k, n, b_rs, b_cs), "rhs out of bounds");
+    check(m, n, k, a, Rhs::Pack(b));
     assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
-    if m == 0 || n == 0 {
+    let on_kernel = path == Path::Avx512Bf16
+        && mm_bf16_kernel(m, n, k, a, Rhs::Pack(b), (c, c_rs), accumulate, threads);
+    if on_kernel || m == 0 || n == 0 {
         return;
     }
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512Bf16 if bf16_path() == Path::Avx512Bf16 => {
-            blocked(m, n, k, a, b, (c, c_rs), accumulate, threads)
-        }
-        _ => {
-            let (a, b) = (rounded(a, m, k), rounded(b, k, n));
-            mm(
-                m,
-                n,
-                k,
-                (&a, k, 1),
-                (&b, n, 1),
-                (c, c_rs),
-                accumulate,
-                threads,
-            );
-        }
-    }
+    let (a, b) = (rounded(a, m, k), rounded(b, k, n));
+    mm(
+        m,
+        n,
+        k,
+        (&a, k, 1),
+        (&b, n, 1),
+        (c, c_rs),
+        accumulate,
+        threads,
+    );
 }
 
 /// [`mm_bf16_on`] on this CPU's [`bf16_path`].
@@ -101,6 +98,77 @@ pub(crate) fn mm_bf16(
     threads: Threads,
 ) {
     mm_bf16_on(bf16_path(), m, n, k, a, b, c, accumulate, threads);
+}
+
+/// `c = a @ b` or `c += a @ b` on the AVX512-BF16 kernel, `b` packed here or before
+/// ([`prepack`]); `false` (and `c` untouched) where the CPU lacks the kernel.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mm_bf16_kernel(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Rhs<'_>,
+    (c, c_rs): (&mut [f32], usize),
+    accumulate: bool,
+    threads: Threads,
+) -> bool {
+    check(m, n, k, a, b);
+    assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if bf16_path() == Path::Avx512Bf16 {
+        if m > 0 && n > 0 {
+            // SAFETY: the kernel's instructions are present; `c` holds the destination
+            // (asserted above) and is borrowed mutably for the call.
+            let dst = (Dst(c.as_mut_ptr()), c_rs);
+            unsafe { blocked(m, n, k, a, b, dst, accumulate, threads) };
+        }
+        return true;
+    }
+    false
+}
+
+/// `a @ b` into a new row-major `[m, n]` buffer on the AVX512-BF16 kernel, written without
+/// zeroing it first; `None` where the CPU lacks the kernel.
+pub(crate) fn mm_bf16_kernel_new(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Rhs<'_>,
+    threads: Threads,
+) -> Option<Vec<f32>> {
+    check(m, n, k, a, b);
+    #[cfg(target_arch = "x86_64")]
+    if bf16_path() == Path::Avx512Bf16 {
+        let mut c: Vec<f32> = Vec::with_capacity(m * n);
+        if m > 0 && n > 0 {
+            let dst = (Dst(c.spare_capacity_mut().as_mut_ptr().cast::<f32>()), n);
+            // SAFETY: the kernel's instructions are present; the spare capacity holds the `m x
+            // n` destination; without `accumulate` the kernel only writes it, every element of
+            // it (its tiles cover the destination; `k = 0` writes zeros), so that all `m * n`
+            // are initialised afterwards.
+            unsafe {
+                blocked(m, n, k, a, b, dst, false, threads);
+                c.set_len(m * n);
+            }
+        }
+        return Some(c);
+    }
+    None
+}
+
+/// The operands of a product `[m, k] @ [k, n]` lie in bounds (a packed `b` has that shape).
+fn check(m: usize, n: usize, k: usize, a: Operand<'_>, b: Rhs<'_>) {
+    let (a_rs, a_cs) = a.strides();
+    assert!(a.len() >= extent(m, k, a_rs, a_cs), "lhs out of bounds");
+    match b {
+        Rhs::Pack(b) => {
+            let (b_rs, b_cs) = b.strides();
+            assert!(b.len() >= extent(k, n, b_rs, b_cs), "rhs out of bounds");
+        }
+        Rhs::Packed(p) => assert!(p.k == k && p.n == n, "packed rhs of another shape"),
+    }
 }
 
 /// A `[rows, cols]` operand rounded to bf16, as a dense row-major f32 matrix.
@@ -122,9 +190,14 @@ pub(crate) fn rounded(x: Operand<'_>, rows: usize, cols: usize) -> Vec<f32> {
 const MR: usize = 12;
 /// Columns of the register tile (two vectors of 16 f32).
 const NR: usize = 32;
-/// `a`'s rows per packed block (a multiple of [`MR`]).
-const MC: usize = 96;
-/// `b`'s columns per task (a multiple of [`NR`]).
+/// The most row panels ([`MR`] rows each) of one task: 192 rows.
+const MAX_ROW_PANELS: usize = 16;
+/// The fewest column panels ([`NR`] columns each) of one task.
+const MIN_COL_PANELS: usize = 4;
+/// Tasks a product is cut into where its shape allows (a few per thread, so that a thread
+/// slowed by the machine's other work leaves its last tasks to the others).
+const TASKS: usize = 8;
+/// The most columns of `b` per task (a multiple of [`NR`]).
 const NC: usize = 512;
 
 /// A destination pointer the tasks share; each writes its own tiles.
@@ -145,31 +218,44 @@ impl Dst {
 /// Packed words per super-block of one operand: 32 MB.
 const SUPER_WORDS: usize = 1 << 23;
 
+/// The right operand of [`blocked`]: packed here, one block at a time, or packed before
+/// ([`prepack`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Rhs<'a> {
+    Pack(Operand<'a>),
+    Packed(&'a PackedB),
+}
+
 /// The blocked product on the AVX512-BF16 kernel (operands checked by the caller).
 ///
 /// `a` and `b` are packed for a super-block of the reduction (all of it unless the packed
-/// operands would pass [`SUPER_WORDS`]), `b` for a super-block of columns; each task then runs
-/// its `MC x NC` block of `c` through every reduction block of the super-block, so that the
-/// block stays in cache between them (a pass over all of `c` per reduction block would meet
-/// each tile's rows in memory again).
+/// operands would pass [`SUPER_WORDS`]), `b` for a super-block of columns (all of them when it
+/// comes packed); each task then runs its block of `c` (up to 192 rows and [`NC`] columns) through every reduction block
+/// of the super-block, so that the block stays in cache between them (a pass over all of `c`
+/// per reduction block would meet each tile's rows in memory again).
+///
+/// # Safety
+/// AVX512-BF16 present; `dst` valid for writes (and reads, when `accumulate`) of `m` rows of
+/// `n` elements at row stride `c_rs`, and no other reference to them live.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn blocked(
+unsafe fn blocked(
     m: usize,
     n: usize,
     k: usize,
     a: Operand<'_>,
-    b: Operand<'_>,
-    (c, c_rs): (&mut [f32], usize),
+    b: Rhs<'_>,
+    (dst, c_rs): (Dst, usize),
     accumulate: bool,
     threads: Threads,
 ) {
-    let ((a_rs, a_cs), (b_rs, b_cs)) = (a.strides(), b.strides());
+    let (a_rs, a_cs) = a.strides();
     let kc = 2 * KC2;
     if k == 0 {
         if !accumulate {
             for i in 0..m {
-                c[i * c_rs..i * c_rs + n].fill(0.0);
+                // SAFETY: row `i` of the destination (the caller's promise).
+                unsafe { std::ptr::write_bytes(dst.at(i * c_rs), 0, n) };
             }
         }
         return;
@@ -179,16 +265,33 @@ fn blocked(
     // Reduction blocks per super-block, and column panels per super-block.
     let k_blocks = (SUPER_WORDS / a_block).clamp(1, k.div_ceil(kc));
     let per_nc = NC / NR;
-    let b_panels = (SUPER_WORDS / (k_blocks * NR * KC2)).max(per_nc) / per_nc * per_nc;
-    let b_panels = b_panels.min(n.div_ceil(NC) * per_nc);
+    let b_panels = match b {
+        Rhs::Packed(_) => n.div_ceil(NR),
+        Rhs::Pack(_) => {
+            let panels = (SUPER_WORDS / (k_blocks * NR * KC2)).max(per_nc) / per_nc * per_nc;
+            panels.min(n.div_ceil(NC) * per_nc)
+        }
+    };
     let b_block = b_panels * NR * KC2;
     // Buffers kept by the calling thread across calls (a fresh one is faulted in and zeroed
     // each time); taken while in use, so that a nested call finds none and makes its own.
     let (mut packed_a, mut packed_b) = PACKED.take();
     packed_a.resize(packed_a.len().max(k_blocks * a_block), 0);
-    packed_b.resize(packed_b.len().max(k_blocks * b_block), 0);
-    let dst = Dst(c.as_mut_ptr());
-    let row_blocks = m.div_ceil(MC);
+    if let Rhs::Pack(_) = b {
+        packed_b.resize(packed_b.len().max(k_blocks * b_block), 0);
+    }
+    // Row blocks of equal numbers of panels (blocks of a fixed height would leave a short last
+    // one: a prefill's 128 rows made tasks of 96 and 32, and a thread idle for a quarter of
+    // each product), then column blocks to make about `TASKS` tasks.
+    let row_blocks = a_panels.div_ceil(MAX_ROW_PANELS);
+    let row_block = |ib: usize| {
+        let (base, extra) = (a_panels / row_blocks, a_panels % row_blocks);
+        let first = ib * base + ib.min(extra);
+        let i0 = first * MR;
+        (i0, ((base + usize::from(ib < extra)) * MR).min(m - i0))
+    };
+    let col_blocks_wanted = TASKS.div_ceil(row_blocks);
+    let nc = (n.div_ceil(NR).div_ceil(col_blocks_wanted)).clamp(MIN_COL_PANELS, NC / NR) * NR;
     for k0 in (0..k).step_by(k_blocks * kc) {
         let k_len = (k_blocks * kc).min(k - k0);
         let blocks = k_len.div_ceil(kc);
@@ -199,33 +302,53 @@ fn blocked(
         }
         for j0 in (0..n).step_by(b_panels * NR) {
             let cols = (b_panels * NR).min(n - j0);
-            for kb in 0..blocks {
-                let (p0, len) = (k0 + kb * kc, kc.min(k0 + k_len - (k0 + kb * kc)));
-                let out = &mut packed_b[kb * b_block..(kb + 1) * b_block];
-                pack_all(b, (b_cs, b_rs), (j0, cols), p0, len, NR, out, threads);
-            }
-            let (packed_a, packed_b) = (&packed_a[..], &packed_b[..]);
-            let col_blocks = cols.div_ceil(NC);
+            let pb_all: &[u32] = match b {
+                Rhs::Pack(b) => {
+                    let (b_rs, b_cs) = b.strides();
+                    for kb in 0..blocks {
+                        let (p0, len) = (k0 + kb * kc, kc.min(k0 + k_len - (k0 + kb * kc)));
+                        let out = &mut packed_b[kb * b_block..(kb + 1) * b_block];
+                        pack_all(b, (b_cs, b_rs), (j0, cols), p0, len, NR, out, threads);
+                    }
+                    &packed_b
+                }
+                Rhs::Packed(p) => {
+                    debug_assert!(p.k == k && p.n == n && p.block_words() == b_block);
+                    &p.words[(k0 / kc) * b_block..]
+                }
+            };
+            let packed_a = &packed_a[..];
+            let col_blocks = cols.div_ceil(nc);
             let task = |t: usize| {
                 let (ib, jb) = (t / col_blocks, t % col_blocks);
-                let (i0, rows) = (ib * MC, MC.min(m - ib * MC));
-                let (c0, width_all) = (jb * NC, NC.min(cols - jb * NC));
+                let (i0, rows) = row_block(ib);
+                let (c0, width_all) = (jb * nc, nc.min(cols - jb * nc));
                 for kb in 0..blocks {
                     let len = kc.min(k_len - kb * kc);
                     let pairs = len.div_ceil(2);
                     let first = k0 == 0 && kb == 0 && !accumulate;
-                    let (pa, pb) = (&packed_a[kb * a_block..], &packed_b[kb * b_block..]);
-                    for jp in (c0 / NR)..(c0 + width_all).div_ceil(NR) {
+                    let (pa, pb) = (&packed_a[kb * a_block..], &pb_all[kb * b_block..]);
+                    let panels = (c0 / NR)..(c0 + width_all).div_ceil(NR);
+                    for jp in panels.clone() {
                         let bp = &pb[jp * pairs * NR..(jp + 1) * pairs * NR];
+                        // The next panel, fetched into L2 during this panel's first tile: a
+                        // weight packed before comes from memory, and its first tile would
+                        // otherwise wait on it.
+                        let next = (jp + 1 < panels.end)
+                            .then(|| &pb[(jp + 1) * pairs * NR..(jp + 2) * pairs * NR]);
                         let width = NR.min(cols - jp * NR);
                         for r in (i0 / MR)..(i0 + rows).div_ceil(MR) {
+                            let next = if r == i0 / MR { next } else { None };
                             let ap = &pa[r * MR * pairs..(r + 1) * MR * pairs];
                             let height = MR.min(m - r * MR);
                             let at = r * MR * c_rs + j0 + jp * NR;
-                            // SAFETY: the CPU has AVX512-BF16 (`bf16_path`); the panels hold
-                            // `pairs` pairs; the tile `height x width` at `at` lies inside `c`
-                            // (asserted by the caller) and belongs to this task alone.
-                            unsafe { tile(pairs, ap, bp, dst.at(at), c_rs, height, width, first) };
+                            // SAFETY: the CPU has AVX512-BF16 (the caller's promise); the
+                            // panels hold `pairs` pairs; the tile `height x width` at `at` lies
+                            // inside the destination (the caller's promise) and belongs to
+                            // this task alone.
+                            unsafe {
+                                tile(pairs, ap, bp, next, dst.at(at), c_rs, height, width, first)
+                            };
                         }
                     }
                 }
@@ -247,11 +370,13 @@ thread_local! {
 }
 
 /// One `MR x NR` register tile over `pairs` reduction pairs: `c = acc` when `first`, else
-/// `c += acc`, for the `height x width` corner that lies in the destination.
+/// `c += acc`, for the `height x width` corner that lies in the destination; `next` (a panel
+/// of `b` a later tile reads) is fetched into L2 meanwhile.
 ///
 /// # Safety
-/// AVX512-BF16 present; `a` and `b` hold `pairs * MR` and `pairs * NR` words; `c` valid for
-/// reads and writes of `height` rows of `width` elements at row stride `c_rs`.
+/// AVX512-BF16 present; `a`, `b` and `next` hold `pairs * MR`, `pairs * NR` and `pairs * NR`
+/// words; `c` valid for reads and writes of `height` rows of `width` elements at row stride
+/// `c_rs`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
@@ -259,6 +384,7 @@ unsafe fn tile(
     pairs: usize,
     a: &[u32],
     b: &[u32],
+    next: Option<&[u32]>,
     c: *mut f32,
     c_rs: usize,
     height: usize,
@@ -267,6 +393,10 @@ unsafe fn tile(
 ) {
     use std::arch::x86_64::*;
     assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
+    // Without a next panel, the prefetches touch this one (in L1 already).
+    let next = next.unwrap_or(b);
+    assert!(next.len() >= pairs * NR);
+    let pn = next.as_ptr();
     // The destination tile's lines, fetched while the products run: rows of a wide `c` are
     // far apart, and a miss on each of them at the end would stall the tile.
     for r in 0..height {
@@ -282,6 +412,8 @@ unsafe fn tile(
         unsafe {
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(q * NR).cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(q * NR + 16).cast()));
+            _mm_prefetch::<_MM_HINT_T1>(pn.add(q * NR).cast::<i8>());
+            _mm_prefetch::<_MM_HINT_T1>(pn.add(q * NR + 16).cast::<i8>());
             for (r, acc) in acc.iter_mut().enumerate() {
                 let x: __m512bh =
                     std::mem::transmute(_mm512_set1_epi32(*pa.add(q * MR + r) as i32));
