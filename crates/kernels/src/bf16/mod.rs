@@ -192,11 +192,13 @@ const MR: usize = 12;
 const NR: usize = 32;
 /// The most row panels ([`MR`] rows each) of one task: 192 rows.
 const MAX_ROW_PANELS: usize = 16;
+/// The fewest row panels of one task, where the product has that many.
+const MIN_ROW_PANELS: usize = 4;
 /// The fewest column panels ([`NR`] columns each) of one task.
 const MIN_COL_PANELS: usize = 4;
-/// Tasks a product is cut into where its shape allows (a few per thread, so that a thread
-/// slowed by the machine's other work leaves its last tasks to the others).
-const TASKS: usize = 8;
+/// Tasks per thread a product is cut into where its shape allows: a thread slowed by the
+/// machine's other work leaves its last tasks to the others, and an odd task costs little.
+const TASKS_PER_THREAD: usize = 8;
 /// The most columns of `b` per task (a multiple of [`NR`]).
 const NC: usize = 512;
 
@@ -280,18 +282,16 @@ unsafe fn blocked(
     if let Rhs::Pack(_) = b {
         packed_b.resize(packed_b.len().max(k_blocks * b_block), 0);
     }
-    // Row blocks of equal numbers of panels (blocks of a fixed height would leave a short last
-    // one: a prefill's 128 rows made tasks of 96 and 32, and a thread idle for a quarter of
-    // each product), then column blocks to make about `TASKS` tasks.
-    let row_blocks = a_panels.div_ceil(MAX_ROW_PANELS);
+    // Row blocks of equal numbers of panels (blocks of a fixed height left a short last one:
+    // a prefill's 128 rows made tasks of 96 and 32 rows, and a thread idle for a quarter of
+    // each product), and column blocks, to make about `TASKS_PER_THREAD` tasks a thread.
+    let (row_blocks, nc) = blocking(a_panels, n.div_ceil(NR), threads);
     let row_block = |ib: usize| {
         let (base, extra) = (a_panels / row_blocks, a_panels % row_blocks);
         let first = ib * base + ib.min(extra);
         let i0 = first * MR;
         (i0, ((base + usize::from(ib < extra)) * MR).min(m - i0))
     };
-    let col_blocks_wanted = TASKS.div_ceil(row_blocks);
-    let nc = (n.div_ceil(NR).div_ceil(col_blocks_wanted)).clamp(MIN_COL_PANELS, NC / NR) * NR;
     for k0 in (0..k).step_by(k_blocks * kc) {
         let k_len = (k_blocks * kc).min(k - k0);
         let blocks = k_len.div_ceil(kc);
@@ -361,6 +361,28 @@ unsafe fn blocked(
         }
     }
     PACKED.set((packed_a, packed_b));
+}
+
+/// How [`blocked`] cuts a product of `row_panels` x `col_panels` panels into tasks: the number
+/// of row blocks (of equal panels, up to [`MAX_ROW_PANELS`]) and the columns of a column block
+/// (a multiple of [`NR`], up to [`NC`]).
+fn blocking(row_panels: usize, col_panels: usize, threads: Threads) -> (usize, usize) {
+    let want = match threads {
+        Threads::All => TASKS_PER_THREAD * rayon::current_num_threads(),
+        Threads::One => 1,
+    };
+    let mut row_blocks = row_panels.div_ceil(MAX_ROW_PANELS).max(1);
+    let per_col = col_panels
+        .div_ceil(want.div_ceil(row_blocks))
+        .clamp(MIN_COL_PANELS, NC / NR);
+    let col_blocks = col_panels.div_ceil(per_col);
+    // A short product keeps one row block (each panel of `b` then leaves memory once: a
+    // weight packed before is read from memory); a tall one is cut finer for more tasks.
+    if row_blocks > 1 && row_blocks * col_blocks < want {
+        let most = row_panels.div_ceil(MIN_ROW_PANELS).max(row_blocks);
+        row_blocks = want.div_ceil(col_blocks).min(most);
+    }
+    (row_blocks, per_col * NR)
 }
 
 thread_local! {

@@ -159,3 +159,31 @@ fn check(
          {threads:?}: off by {worst:e} (tolerance {tolerance:e})"
     );
 }
+
+/// The kernel's tasks: a short product (up to 16 row panels) is one row block, a tall one is cut
+/// into blocks of at most 16 panels; column blocks are 4 to 16 panels wide.
+#[test]
+fn blocking_cuts_products_into_tasks() {
+    for threads in [Threads::All, Threads::One] {
+        for (row_panels, col_panels) in [
+            (1, 1),
+            (11, 32),
+            (11, 96),
+            (16, 8),
+            (17, 8),
+            (171, 8),
+            (43, 192),
+        ] {
+            let (row_blocks, nc) = blocking(row_panels, col_panels, threads);
+            let what = format!(
+                "{row_panels} x {col_panels} panels, {threads:?}: {row_blocks} row blocks, {nc} columns"
+            );
+            assert!(nc % NR == 0 && (4 * NR..=NC).contains(&nc), "{what}");
+            assert!((1..=row_panels).contains(&row_blocks), "{what}");
+            assert!(row_panels.div_ceil(row_blocks) <= 16, "{what}");
+            if row_panels <= 16 {
+                assert_eq!(row_blocks, 1, "{what}");
+            }
+        }
+    }
+}
