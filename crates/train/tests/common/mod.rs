@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod rl;
+
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;

@@ -1,0 +1,25 @@
+//! Helpers of the RL tests (`grpo.rs`, `grpo_paths.rs`): the fixtures' directory, a matrix as a
+//! tensor, and TRL's tolerance check.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// `crates/train/tests/fixtures`.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// `[rows, cols]` from rows of equal length.
+pub fn tensor(rows: &[Vec<f32>], device: &Device) -> Tensor<2> {
+    let (b, t) = (rows.len(), rows[0].len());
+    Tensor::from_data(TensorData::new(rows.concat(), [b, t]), device)
+}
+
+/// `ours` within `tol` of TRL's `theirs` (relative above 1, absolute below).
+pub fn close(ours: f64, theirs: f64, tol: f64, what: &str) {
+    assert!(
+        (ours - theirs).abs() <= tol * theirs.abs().max(1.0),
+        "{what}: ours {ours}, TRL {theirs}"
+    );
+}
