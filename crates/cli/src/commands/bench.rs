@@ -84,7 +84,7 @@ pub enum Cmd {
         /// Also time decoding without the KV cache (recomputing the prefix every token).
         #[arg(long)]
         no_cache_too: bool,
-        /// Weight storage: f32, or bf16 (computed in f32).
+        /// Weight storage: f32, or bf16 (products in bf16 with f32 accumulation).
         #[arg(long, value_enum, default_value_t = WeightDtype::F32)]
         dtype: WeightDtype,
         #[arg(long)]

@@ -56,8 +56,8 @@ pub struct ModelArgs {
     /// Device: flex (default), ndarray, wgpu, cuda[:N].
     #[arg(long, default_value = "flex")]
     pub device: DeviceSet,
-    /// Weight storage: f32 (default), or bf16 (matrices rounded to bf16, computed in f32: half
-    /// the bytes to read per decoded token).
+    /// Weight storage: f32 (default), or bf16 (matrices rounded to bf16: half the bytes to read
+    /// per decoded token; products in bf16 with f32 accumulation).
     #[arg(long, value_enum, default_value_t = WeightDtype::F32)]
     pub dtype: WeightDtype,
 }
@@ -68,8 +68,8 @@ pub enum WeightDtype {
     /// As trained.
     #[default]
     F32,
-    /// Projections, experts, routers, embedding and LM head in bf16; norms and all
-    /// computation in f32.
+    /// Projections, experts, routers, embedding and LM head in bf16, their products in bf16
+    /// with f32 accumulation (README, bf16 arithmetic); norms and everything else in f32.
     Bf16,
 }
 
