@@ -120,10 +120,7 @@ pub(crate) fn mm_matrix(
         }
         (Matrix::Bf16(w), _) if bf16::bf16_path() == bf16::Path::Avx512Bf16 => {
             let kept = bf16::packed(w, shape, transposed);
-            let rhs = match &kept {
-                Some(p) => bf16::Rhs::Packed(p),
-                None => bf16::Rhs::Pack(bf16::Operand::Bf16(w, ws_r, ws_c)),
-            };
+            let rhs = kernel_rhs(Matrix::Bf16(w), kept.as_deref(), (ws_r, ws_c));
             bf16::mm_bf16_kernel(m, n, k, a16, rhs, c, accumulate, threads);
         }
         _ => {
@@ -170,11 +167,7 @@ pub(crate) fn mm_matrix_new(
             Matrix::Bf16(w) => bf16::packed(w, [rows, cols], transposed),
             Matrix::F32(_) => None,
         };
-        let rhs = match (&kept, w) {
-            (Some(p), _) => bf16::Rhs::Packed(p),
-            (None, Matrix::Bf16(w)) => bf16::Rhs::Pack(bf16::Operand::Bf16(w, ws_r, ws_c)),
-            (None, Matrix::F32(w)) => bf16::Rhs::Pack(bf16::Operand::F32(w, ws_r, ws_c)),
-        };
+        let rhs = kernel_rhs(w, kept.as_deref(), (ws_r, ws_c));
         if let Some(c) = bf16::mm_bf16_kernel_new(m, n, k, a16, rhs, threads) {
             return c;
         }
@@ -192,6 +185,20 @@ pub(crate) fn mm_matrix_new(
         threads,
     );
     c
+}
+
+/// `op(w)` (strides `(rs, cs)`) as the bf16 kernel's right operand: the packing an inference
+/// guard keeps for it ([`bf16::packed`]), else `w` itself, packed by the product.
+fn kernel_rhs<'a>(
+    w: Matrix<'a>,
+    kept: Option<&'a bf16::PackedB>,
+    (rs, cs): (usize, usize),
+) -> bf16::Rhs<'a> {
+    match (kept, w) {
+        (Some(p), _) => bf16::Rhs::Packed(p),
+        (None, Matrix::Bf16(w)) => bf16::Rhs::Pack(bf16::Operand::Bf16(w, rs, cs)),
+        (None, Matrix::F32(w)) => bf16::Rhs::Pack(bf16::Operand::F32(w, rs, cs)),
+    }
 }
 
 /// [`mm_matrix`] with its block size and reduction limit as arguments (the tests make them

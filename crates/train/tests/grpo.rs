@@ -19,6 +19,7 @@ use qwen_burn_train::objective::rl::advantage::advantages;
 use qwen_burn_train::objective::rl::loss::{TokenInputs, rl_loss, rl_units};
 use qwen_burn_train::objective::rl::rollout::token_logps;
 use qwen_burn_train::run::start::build_model;
+use qwen_burn_train::step::input_tensors;
 use serde_json::Value;
 
 fn read(name: &str) -> Value {
@@ -274,31 +275,8 @@ fn grpo_through_the_model_equals_trls_gradients() {
         .map(|r| r.iter().map(|&x| f32::from(u8::from(x >= 0))).collect())
         .collect();
     let cfg = rl_config(&want, c);
-    let inputs_ids = Tensor::<2, burn::tensor::Int>::from_data(
-        TensorData::new(
-            batch
-                .inputs
-                .iter()
-                .map(|&i| i64::from(i))
-                .collect::<Vec<_>>(),
-            [b, t],
-        ),
-        &device,
-    );
-    let am = Tensor::<2, burn::tensor::Bool>::from_data(
-        TensorData::new(
-            batch
-                .attention_mask
-                .as_ref()
-                .unwrap()
-                .iter()
-                .map(|&m| m == 1)
-                .collect::<Vec<_>>(),
-            [b, t],
-        ),
-        &device,
-    );
-    let (hidden, _) = model.forward_hidden(inputs_ids, Some(am), None);
+    let (inputs_ids, am) = input_tensors(&batch, &device);
+    let (hidden, _) = model.forward_hidden(inputs_ids, am, None);
     let (logps, _) = token_logps(&model, hidden, &batch, &device);
     // Our per-token log-probabilities equal the HF model's at every completion token.
     let ours: Vec<f32> = logps.clone().try_into_vec_as::<f32>().unwrap();

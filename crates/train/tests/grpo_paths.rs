@@ -15,6 +15,7 @@ use qwen_burn_train::objective::preference::sequence_logps;
 use qwen_burn_train::objective::rl::loss::{TokenInputs, rl_loss, rl_loss_rows};
 use qwen_burn_train::objective::rl::rollout::{host_token_logps, token_logps};
 use qwen_burn_train::run::start::build_model;
+use qwen_burn_train::step::input_tensors;
 
 /// On-policy without a KL term, the loss from each row's summed log-probability (the fused
 /// head's path) equals the per-token loss, value and gradients, for every loss type and
@@ -69,31 +70,8 @@ fn the_row_sum_path_equals_the_per_token_path_on_policy() {
     let adv =
         || Tensor::<1>::from_data(TensorData::new(vec![0.7f32, -1.2, 0.4, 0.3], [b]), &device);
     let forward = || {
-        let ids = Tensor::<2, burn::tensor::Int>::from_data(
-            TensorData::new(
-                batch
-                    .inputs
-                    .iter()
-                    .map(|&i| i64::from(i))
-                    .collect::<Vec<_>>(),
-                [b, t],
-            ),
-            &device,
-        );
-        let am = Tensor::<2, burn::tensor::Bool>::from_data(
-            TensorData::new(
-                batch
-                    .attention_mask
-                    .as_ref()
-                    .unwrap()
-                    .iter()
-                    .map(|&m| m == 1)
-                    .collect::<Vec<_>>(),
-                [b, t],
-            ),
-            &device,
-        );
-        model.forward_hidden(ids, Some(am), None).0
+        let (ids, am) = input_tensors(&batch, &device);
+        model.forward_hidden(ids, am, None).0
     };
     for (algorithm, loss_type) in [
         (RlAlgorithm::Grpo, RlLossType::Dapo),
@@ -165,16 +143,13 @@ fn rl_log_probabilities_are_taken_at_the_sampling_temperature() {
     let batch = Batch {
         batch_size: b,
         seq_len: t,
-        inputs: inputs.clone(),
+        inputs,
         targets: targets.clone(),
         attention_mask: Some(vec![1; b * t]),
         positions: None,
         pairs: None,
     };
-    let ids = Tensor::<2, burn::tensor::Int>::from_data(
-        TensorData::new(inputs.iter().map(|&i| i64::from(i)).collect(), [b, t]),
-        &device,
-    );
+    let (ids, _) = input_tensors(&batch, &device);
     let logits = model.forward(ids, None, None).logits;
     for temperature in [0.7, 1.0, 1.6] {
         let ours = host_token_logps(&model, &batch, temperature).unwrap();

@@ -65,11 +65,14 @@ pub(crate) fn mm_bf16_on(
     accumulate: bool,
     threads: Threads,
 ) {
+    if path == Path::Avx512Bf16
+        && mm_bf16_kernel(m, n, k, a, Rhs::Pack(b), (c, c_rs), accumulate, threads)
+    {
+        return;
+    }
     check(m, n, k, a, Rhs::Pack(b));
     assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
-    let on_kernel = path == Path::Avx512Bf16
-        && mm_bf16_kernel(m, n, k, a, Rhs::Pack(b), (c, c_rs), accumulate, threads);
-    if on_kernel || m == 0 || n == 0 {
+    if m == 0 || n == 0 {
         return;
     }
     let (a, b) = (rounded(a, m, k), rounded(b, k, n));

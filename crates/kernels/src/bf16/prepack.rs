@@ -58,10 +58,10 @@ impl PackedB {
 type Key = (usize, usize);
 
 /// What a kept weight holds: its tensor (kept shared) and its packed forms, as is and
-/// transposed, each with the `[rows, cols]` it was packed for.
+/// transposed.
 struct Entry {
     _tensor: FlexTensor,
-    packed: [Option<([usize; 2], Arc<PackedB>)>; 2],
+    packed: [Option<Arc<PackedB>>; 2],
 }
 
 #[derive(Default)]
@@ -124,29 +124,32 @@ pub(crate) fn packed(
 ) -> Option<Arc<PackedB>> {
     let key = (w.as_ptr() as usize, w.len());
     let slot = usize::from(transposed);
+    // The product's `[k, n]`: a packing made for another view of the buffer is replaced.
+    let (k, n) = if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    };
+    let fits = |p: &PackedB| p.k == k && p.n == n;
     {
         let reg = registry();
         let entry = reg.as_ref()?.entries.get(&key)?;
-        if let Some((shape, p)) = &entry.packed[slot]
-            && *shape == [rows, cols]
+        if let Some(p) = &entry.packed[slot]
+            && fits(p)
         {
             return Some(p.clone());
         }
     }
     // Packed outside the lock (the packing runs on rayon's workers): another thread may pack
     // the same weight meanwhile, and the first to finish is kept.
-    let b = if transposed {
-        PackedB::pack(Operand::Bf16(w, 1, cols), cols, rows)
-    } else {
-        PackedB::pack(Operand::Bf16(w, cols, 1), rows, cols)
-    };
-    let p = Arc::new(b);
+    let (rs, cs) = if transposed { (1, cols) } else { (cols, 1) };
+    let p = Arc::new(PackedB::pack(Operand::Bf16(w, rs, cs), k, n));
     let mut reg = registry();
     let entry = reg.as_mut()?.entries.get_mut(&key)?;
     match &entry.packed[slot] {
-        Some((shape, kept)) if *shape == [rows, cols] => Some(kept.clone()),
+        Some(kept) if fits(kept) => Some(kept.clone()),
         _ => {
-            entry.packed[slot] = Some(([rows, cols], p.clone()));
+            entry.packed[slot] = Some(p.clone());
             Some(p)
         }
     }
