@@ -9,6 +9,8 @@ Questions are "What is A + B?" or "What is A - B?" with A and B drawn uniformly 
   * sft.jsonl      4000 rows, the questions of train.jsonl (same order) with worked answers:
                    {"messages": [{"role": "user", "content": "What is 12 + 345?"},
                                  {"role": "assistant", "content": "12 + 345 = 357\\n#### 357"}]}
+  * sft_columns.jsonl  the same questions with answers worked column by column, units first
+                   (`columns` below): "7+8+0=15\\n4+3+1=8\\n#### 85" for "What is 47 + 38?"
 Each file has exactly half additions and half subtractions. Seeded and deterministic.
 With `--max 99` the operands run over 0..99 and the files go to datasets/arith/small/ (the same
 layout): a task the README's 3M-parameter model can partly learn by SFT, which leaves GRPO a
@@ -52,6 +54,32 @@ def result(a, op, b):
     return a + b if op == "+" else a - b
 
 
+def columns(a, op, b):
+    """A worked answer column by column, units first, each line one column's digit sum (carry
+    in) or difference (borrow in), then the result: "47 + 38" -> "7+8+0=15\n4+3+1=8\n#### 85";
+    "52 - 38" -> "12-8-0=4\n5-3-1=1\n#### 14" (a borrow shows as the 1 before the digit);
+    "23 - 84" -> "-(84-23)\n4-3-0=1\n8-2-0=6\n#### -61"."""
+    n = result(a, op, b)
+    lines = []
+    if op == "-" and a < b:
+        lines.append(f"-({b}-{a})")
+        a, b = b, a
+    width = max(len(str(a)), len(str(b)))
+    da, db = str(a).zfill(width)[::-1], str(b).zfill(width)[::-1]
+    carry = 0
+    for x, y in zip(map(int, da), map(int, db)):
+        if op == "+":
+            s = x + y + carry
+            lines.append(f"{x}+{y}+{carry}={s}")
+            carry = s // 10
+        else:
+            borrow = 1 if x - y - carry < 0 else 0
+            lines.append(f"{x + 10 * borrow}-{y}-{carry}={x + 10 * borrow - y - carry}")
+            carry = borrow
+    lines.append(f"#### {n}")
+    return "\n".join(lines)
+
+
 def write(name, rows):
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, name), "w", encoding="utf-8", newline="\n") as f:
@@ -79,6 +107,9 @@ def main():
         sft.append({"messages": [{"role": "user", "content": question(a, op, b)},
                                  {"role": "assistant", "content": worked}]})
     write("sft.jsonl", sft)
+    write("sft_columns.jsonl", [
+        {"messages": [{"role": "user", "content": question(*t)},
+                      {"role": "assistant", "content": columns(*t)}]} for t in train])
     print(f"wrote train.jsonl ({len(train)}), heldout.jsonl ({len(heldout)}), "
           f"fresh.jsonl ({len(fresh)}), sft.jsonl ({len(sft)}) in {OUT}")
 

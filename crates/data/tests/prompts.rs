@@ -412,32 +412,78 @@ fn shipped_arith_prompts_load_and_are_disjoint() {
 
 #[test]
 fn shipped_arith_sft_rows_answer_the_train_prompts() {
-    let dir = root().join("datasets/arith");
+    for dir in ["datasets/arith", "datasets/arith/small"] {
+        for file in ["sft.jsonl", "sft_columns.jsonl"] {
+            check_sft_rows(&root().join(dir), file);
+        }
+    }
+}
+
+/// Checks one worked-answer line of `sft_columns.jsonl`: `x+y+c=s` or `x-y-c=d` holds.
+fn column_holds(line: &str) -> bool {
+    let Some((lhs, rhs)) = line.split_once('=') else {
+        return false;
+    };
+    let op = if lhs.contains('+') { '+' } else { '-' };
+    let terms: Vec<i64> = lhs.split(op).filter_map(|t| t.parse().ok()).collect();
+    let Ok(r) = rhs.parse::<i64>() else {
+        return false;
+    };
+    terms.len() == 3
+        && r == match op {
+            '+' => terms[0] + terms[1] + terms[2],
+            _ => terms[0] - terms[1] - terms[2],
+        }
+}
+
+fn check_sft_rows(dir: &Path, file: &str) {
     let train = load(&dir.join("train.jsonl"), None).unwrap();
-    let sft = std::fs::read_to_string(dir.join("sft.jsonl")).unwrap();
+    let sft = std::fs::read_to_string(dir.join(file)).unwrap();
     let rows: Vec<&str> = sft.lines().collect();
-    assert_eq!(rows.len(), train.items.len());
+    assert_eq!(rows.len(), train.items.len(), "{file}");
     for (i, (line, p)) in rows.iter().zip(&train.items).enumerate() {
         let msgs =
-            qwen_burn_data::conversation::parse_messages(Path::new("sft.jsonl"), i + 1, line)
-                .unwrap();
+            qwen_burn_data::conversation::parse_messages(Path::new(file), i + 1, line).unwrap();
         assert_eq!(msgs.len(), 2);
         assert_eq!(
             (msgs[0].role.as_str(), msgs[0].content.as_str()),
             ("user", question(&p.text))
         );
         assert_eq!(msgs[1].role, "assistant");
-        assert!(
-            msgs[1].content.ends_with(&format!("\n#### {}", p.answer)),
-            "{line}"
-        );
+        let content = msgs[1].content.as_str();
+        assert!(content.ends_with(&format!("\n#### {}", p.answer)), "{line}");
+        if file == "sft_columns.jsonl" {
+            // Every column line's sum or difference holds, units first: the last column's
+            // result, then the earlier ones' units digits, spell the answer's magnitude.
+            let lines: Vec<&str> = content.lines().collect();
+            let cols: Vec<&str> = lines[..lines.len() - 1]
+                .iter()
+                .copied()
+                .filter(|l| !l.starts_with("-("))
+                .collect();
+            assert!(cols.iter().all(|l| column_holds(l)), "{line}");
+            let results: Vec<&str> = cols.iter().map(|l| l.split_once('=').unwrap().1).collect();
+            let mut magnitude = results[results.len() - 1].to_string();
+            for r in results[..results.len() - 1].iter().rev() {
+                magnitude.push_str(&r[r.len() - 1..]);
+            }
+            let magnitude: i64 = magnitude.parse().unwrap();
+            assert_eq!(
+                magnitude.to_string(),
+                p.answer.trim_start_matches('-'),
+                "{line}"
+            );
+        }
     }
-    // Every conversation fits the tiny model's 128-token context whole.
+    // Every conversation fits the tiny model's 128-token context whole, and a GRPO row of
+    // `training.seq_len` 64 (80 for the longer worked answers: configs/grpo.toml).
     let opts = qwen_burn_data::ChatOptions {
         seq_len: 127,
         ..Default::default()
     };
-    let ds = qwen_burn_data::SftDataset::load(&dir.join("sft.jsonl"), &tok(), &opts).unwrap();
+    let ds = qwen_burn_data::SftDataset::load(&dir.join(file), &tok(), &opts).unwrap();
     assert_eq!((ds.len(), ds.stats().truncated), (4000, 0));
-    assert!(ds.rows().iter().all(|r| r.ids.len() <= 64));
+    let longest = ds.rows().iter().map(|r| r.ids.len()).max().unwrap();
+    let bound = if file == "sft.jsonl" { 64 } else { 80 };
+    assert!(longest <= bound, "{file}: {longest} tokens");
 }
