@@ -4,10 +4,10 @@
 # ends), then SFT on answers worked column by column (datasets/arith/small/sft_columns.jsonl)
 # and GRPO from it.
 #   bash experiments/011-grpo/round7.sh BIN OUT STAGE
-# STAGE: sft (configs/tiny.toml, then configs/arith_sft.toml from it, seeds 1337 and 2 side by
-# side, each evaluated), cols, cols500, cols500-lr5e5, cols700, cols600 (below). Every run on one thread,
-# the two seeds side by side; the GRPO runs of cols500, cols500-lr5e5 and cols700 were stopped early
-# (the README's round-7 section says where).
+# STAGE: sft (configs/tiny.toml, then configs/arith_sft.toml from it, seeds 1337 and 2 side
+# by side, each evaluated), cols, cols500, cols500-lr5e5, cols700, cols600, shipped (below).
+# Every run on one thread, the two seeds side by side; the GRPO runs of cols500, cols500-lr5e5
+# and cols700 were stopped early (the README's round-7 section says where).
 set -euo pipefail
 BIN=$1; OUT=$2; STAGE=$3; CHECKPOINT_INTERVAL=25
 mkdir -p "$OUT"
@@ -97,6 +97,11 @@ case $STAGE in
        e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols600-lr5e5-s$seed" --generate \
          $SMALL/heldout.jsonl --max-new-tokens 48 --samples 8 --json)
        record "cols600-lr5e5-s$seed" "$e") &
+    done
+    wait ;;
+  shipped)  # the shipped configs/grpo.toml from the sft stage's runs (the control on this CPU)
+    for seed in 1337 2; do
+      b64 "shipped-s$seed" "$OUT/sft-s$seed" $seed &
     done
     wait ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
