@@ -12,6 +12,31 @@ set -euo pipefail
 BIN=$1; OUT=$2; STAGE=$3; CHECKPOINT_INTERVAL=25
 mkdir -p "$OUT"
 source experiments/011-grpo/common.sh
+COLS='data.inputs=["datasets/arith/small/sft_columns.jsonl"]'
+cols_sft() { # name seed [--set k=v ...]: arith_sft.toml on the columns answers from OUT/tiny
+  local name=$1 seed=$2
+  shift 2
+  RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/$name" \
+    --set training.seed=$seed --set "model.from=\"$OUT/tiny\"" --set "$COLS" "$@" \
+    > "$OUT/$name.log" 2>&1
+}
+cols_eval() { # name model [--samples K]: eval --generate with room for the worked answers
+  local e
+  e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$2" --generate $SMALL/heldout.jsonl \
+    --max-new-tokens 48 "${@:3}" --json)
+  record "$1" "$e"
+}
+cols_grpo() { # name sft seed [--set k=v ...]: grpo.toml with completions of up to 40 tokens in
+  # rows of 80, then evaluated with 8 samples
+  grpo "$1" "$2" "$3" --set rl.max_new_tokens=40 --set training.seq_len=80 \
+    --set checkpoint.keep_last=10 "${@:4}" && cols_eval "$1" "$OUT/$1" --samples 8
+}
+cols_run() { # steps seed: the columns SFT in STEPS steps, evaluated, then GRPO at lr 5e-5
+  local sft="cols$1-s$2"
+  cols_sft "$sft" "$2" --set training.max_steps="$1"
+  cols_eval "$sft" "$OUT/$sft" --samples 8
+  cols_grpo "cols$1-lr5e5-s$2" "$OUT/$sft" "$2" --set optimizer.lr=5e-5 --set schedule.min_lr=5e-6
+}
 case $STAGE in
   sft)
     "$BIN" train --config configs/tiny.toml --run-dir "$OUT/tiny" > "$OUT/tiny.log" 2>&1
@@ -24,80 +49,34 @@ case $STAGE in
   cols)  # SFT on worked answers column by column (sft_columns.jsonl), greedy accuracy of every
     # 250-step checkpoint (completions up to 48 tokens: the worked answers are longer)
     for seed in 1337 2; do
-      (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/cols-s$seed" \
-        --set training.seed=$seed --set "model.from=\"$OUT/tiny\"" \
-        --set 'data.inputs=["datasets/arith/small/sft_columns.jsonl"]' \
-        --set checkpoint.interval=250 --set checkpoint.keep_last=10 > "$OUT/cols-s$seed.log" 2>&1
+      (cols_sft "cols-s$seed" $seed --set checkpoint.interval=250 --set checkpoint.keep_last=10
        for ck in "$OUT/cols-s$seed"/checkpoints/step-*; do
-         e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$ck" --generate $SMALL/heldout.jsonl \
-           --max-new-tokens 48 --json)
-         record "cols-s$seed@$((10#${ck##*step-}))" "$e"
+         cols_eval "cols-s$seed@$((10#${ck##*step-}))" "$ck"
        done) &
     done
     wait ;;
   cols500)  # the same SFT in 500 steps (the schedule over 500), evaluated; then GRPO from it at
     # the shipped setting with completions of up to 40 tokens
     for seed in 1337 2; do
-      (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/cols500-s$seed" \
-        --set training.seed=$seed --set "model.from=\"$OUT/tiny\"" \
-        --set 'data.inputs=["datasets/arith/small/sft_columns.jsonl"]' --set training.max_steps=500 \
-        > "$OUT/cols500-s$seed.log" 2>&1
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols500-s$seed" --generate $SMALL/heldout.jsonl \
-         --max-new-tokens 48 --samples 8 --json)
-       record "cols500-s$seed" "$e"
-       grpo "cols500-grpo-s$seed" "$OUT/cols500-s$seed" $seed --set rl.max_new_tokens=40 \
-         --set training.seq_len=80 --set checkpoint.keep_last=10
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols500-grpo-s$seed" --generate $SMALL/heldout.jsonl \
-         --max-new-tokens 48 --samples 8 --json)
-       record "cols500-grpo-s$seed" "$e") &
+      (cols_sft "cols500-s$seed" $seed --set training.max_steps=500
+       cols_eval "cols500-s$seed" "$OUT/cols500-s$seed" --samples 8
+       cols_grpo "cols500-grpo-s$seed" "$OUT/cols500-s$seed" $seed) &
     done
     wait ;;
   cols500-lr5e5)  # GRPO from the cols500 SFT runs at lr 5e-5 (to 5e-6): at the shipped 2e-4
     # the training reward fell from 0.25 to 0.09 (s1337) and 0.10 to 0.02 (s2) in 15 steps
     for seed in 1337 2; do
-      (grpo "cols500-lr5e5-s$seed" "$OUT/cols500-s$seed" $seed --set rl.max_new_tokens=40 \
-         --set training.seq_len=80 --set checkpoint.keep_last=10 --set optimizer.lr=5e-5 \
-         --set schedule.min_lr=5e-6
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols500-lr5e5-s$seed" --generate \
-         $SMALL/heldout.jsonl --max-new-tokens 48 --samples 8 --json)
-       record "cols500-lr5e5-s$seed" "$e") &
+      cols_grpo "cols500-lr5e5-s$seed" "$OUT/cols500-s$seed" $seed --set optimizer.lr=5e-5 \
+        --set schedule.min_lr=5e-6 &
     done
     wait ;;
   cols700)  # the columns SFT in 700 steps (both seeds past the steep stretch of the 1500-step
     # runs: 0.44 / 0.27 at step 500, 0.76 / 0.71 at 750), then GRPO at lr 5e-5 as cols500-lr5e5
-    for seed in 1337 2; do
-      (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/cols700-s$seed" \
-        --set training.seed=$seed --set "model.from=\"$OUT/tiny\"" \
-        --set 'data.inputs=["datasets/arith/small/sft_columns.jsonl"]' --set training.max_steps=700 \
-        > "$OUT/cols700-s$seed.log" 2>&1
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols700-s$seed" --generate $SMALL/heldout.jsonl \
-         --max-new-tokens 48 --samples 8 --json)
-       record "cols700-s$seed" "$e"
-       grpo "cols700-lr5e5-s$seed" "$OUT/cols700-s$seed" $seed --set rl.max_new_tokens=40 \
-         --set training.seq_len=80 --set checkpoint.keep_last=10 --set optimizer.lr=5e-5 \
-         --set schedule.min_lr=5e-6
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols700-lr5e5-s$seed" --generate \
-         $SMALL/heldout.jsonl --max-new-tokens 48 --samples 8 --json)
-       record "cols700-lr5e5-s$seed" "$e") &
-    done
+    for seed in 1337 2; do cols_run 700 $seed & done
     wait ;;
   cols600)  # the columns SFT in 600 steps (500 left seed 2 at 0.338, 700 left seed 1337 at
     # 0.868, past where +0.10 fits under its pass@8), then GRPO at lr 5e-5 as cols700
-    for seed in 1337 2; do
-      (RAYON_NUM_THREADS=1 "$BIN" train --config configs/arith_sft.toml --run-dir "$OUT/cols600-s$seed" \
-        --set training.seed=$seed --set "model.from=\"$OUT/tiny\"" \
-        --set 'data.inputs=["datasets/arith/small/sft_columns.jsonl"]' --set training.max_steps=600 \
-        > "$OUT/cols600-s$seed.log" 2>&1
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols600-s$seed" --generate $SMALL/heldout.jsonl \
-         --max-new-tokens 48 --samples 8 --json)
-       record "cols600-s$seed" "$e"
-       grpo "cols600-lr5e5-s$seed" "$OUT/cols600-s$seed" $seed --set rl.max_new_tokens=40 \
-         --set training.seq_len=80 --set checkpoint.keep_last=10 --set optimizer.lr=5e-5 \
-         --set schedule.min_lr=5e-6
-       e=$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$OUT/cols600-lr5e5-s$seed" --generate \
-         $SMALL/heldout.jsonl --max-new-tokens 48 --samples 8 --json)
-       record "cols600-lr5e5-s$seed" "$e") &
-    done
+    for seed in 1337 2; do cols_run 600 $seed & done
     wait ;;
   shipped)  # the shipped configs/grpo.toml from the sft stage's runs (the control on this CPU)
     for seed in 1337 2; do

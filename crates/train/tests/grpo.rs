@@ -8,11 +8,11 @@
 
 mod common;
 use common::assert_grads_equal_hf;
-use common::rl::{close, fixtures, tensor};
+use common::rl::{close, empty_batch, fixtures, tensor};
 
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use qwen_burn_data::{Batch, IGNORE_INDEX};
+use qwen_burn_data::IGNORE_INDEX;
 use qwen_burn_train::RunConfig;
 use qwen_burn_train::config::{RlAlgorithm, RlConfig, RlLossType, ScaleRewards};
 use qwen_burn_train::objective::rl::advantage::advantages;
@@ -231,15 +231,7 @@ fn grpo_through_the_model_equals_trls_gradients() {
         .collect();
     let (b, p, c) = (prompts.len(), prompts[0].len(), completions[0].len());
     let t = p + c;
-    let mut batch = Batch {
-        batch_size: b,
-        seq_len: t,
-        inputs: Vec::new(),
-        targets: Vec::new(),
-        attention_mask: Some(Vec::new()),
-        positions: None,
-        pairs: None,
-    };
+    let mut batch = empty_batch(b, t);
     // Completion token j sits at position p + j and is predicted at position p - 1 + j.
     let spread = |rows: &[Vec<f32>]| -> Vec<Vec<f32>> {
         rows.iter()

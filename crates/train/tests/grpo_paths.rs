@@ -4,7 +4,7 @@
 //! at the sampling temperature.
 
 mod common;
-use common::rl::{close, fixtures, tensor};
+use common::rl::{close, empty_batch, fixtures, tensor};
 
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -29,15 +29,7 @@ fn the_row_sum_path_equals_the_per_token_path_on_policy() {
     // Rows of 10 positions: a 3-token prompt, then completions of 6, 2, 5 and 4 tokens.
     let (b, t, p) = (4usize, 10usize, 3usize);
     let lengths = [6usize, 2, 5, 4];
-    let mut batch = Batch {
-        batch_size: b,
-        seq_len: t,
-        inputs: Vec::new(),
-        targets: Vec::new(),
-        attention_mask: Some(Vec::new()),
-        positions: None,
-        pairs: None,
-    };
+    let mut batch = empty_batch(b, t);
     for (r, &len) in lengths.iter().enumerate() {
         let ids: Vec<u32> = (0..t)
             .map(|k| ((r * 37 + k * 11) % 100) as u32 + 1)
