@@ -11,10 +11,15 @@ BIN=$1; OUT=$2; STAGE=$3; CHECKPOINT_INTERVAL=25
 source experiments/011-grpo/common.sh
 source experiments/011-grpo/columns.sh
 trajectory() { # name: greedy accuracy of each of the run's checkpoints before its last
+  local cks=("$OUT/$1"/checkpoints/step-*) ck
+  for ck in "${cks[@]:0:${#cks[@]}-1}"; do cols_eval "$1@$((10#${ck##*step-}))" "$ck"; done
+}
+big_trajectory() { # name: greedy accuracy of each of the run's checkpoints on the 0-999 held-out
+  # prompts, with room for three columns
   local ck
   for ck in "$OUT/$1"/checkpoints/step-*; do
-    [ "$ck" = "$(ls -d "$OUT/$1"/checkpoints/step-* | tail -1)" ] && continue
-    cols_eval "$1@$((10#${ck##*step-}))" "$ck"
+    record "$1@$((10#${ck##*step-}))" "$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$ck" \
+      --generate datasets/arith/heldout.jsonl --max-new-tokens 64 --json)"
   done
 }
 case $STAGE in
@@ -52,26 +57,17 @@ case $STAGE in
     for seed in 1337 2; do
       cols_sft "big-s$seed" $seed --set 'data.inputs=["datasets/arith/sft_columns.jsonl"]' \
         --set training.max_steps=1000 --set checkpoint.interval=250 --set checkpoint.keep_last=10
-      for ck in "$OUT/big-s$seed"/checkpoints/step-*; do
-        record "big-s$seed@$((10#${ck##*step-}))" "$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$ck" \
-          --generate datasets/arith/heldout.jsonl --max-new-tokens 64 --json)"
-      done
+      big_trajectory "big-s$seed"
     done ;;
   big-grpo)  # GRPO on the issue's own task from the big stage's 750-step checkpoints (greedy 0.654
     # / 0.502, room above), configs/grpo.toml as shipped after round 8 but for the files, room
     # for three columns (56 new tokens in rows of 96) and 32 prompts a step (half the time)
     for seed in 1337 2; do
-      (name="big-grpo-s$seed"
-       RAYON_NUM_THREADS=1 "$BIN" train --config configs/grpo.toml --run-dir "$OUT/$name" \
-         --set training.seed=$seed --set "model.from=\"$OUT/big-s$seed/checkpoints/step-00000750\"" \
+      (grpo "big-grpo-s$seed" "$OUT/big-s$seed/checkpoints/step-00000750" $seed \
          --set 'data.inputs=["datasets/arith/train.jsonl"]' \
          --set 'data.val_inputs=["datasets/arith/heldout.jsonl"]' --set rl.max_new_tokens=56 \
-         --set training.seq_len=96 --set training.batch_size=32 --set checkpoint.interval=25 \
-         --set checkpoint.keep_last=10 > "$OUT/$name.log" 2>&1
-       for ck in "$OUT/$name"/checkpoints/step-*; do
-         record "$name@$((10#${ck##*step-}))" "$(RAYON_NUM_THREADS=1 "$BIN" eval --model "$ck" \
-           --generate datasets/arith/heldout.jsonl --max-new-tokens 64 --json)"
-       done) &
+         --set training.seq_len=96 --set training.batch_size=32 --set checkpoint.keep_last=10
+       big_trajectory "big-grpo-s$seed") &
     done
     wait ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
