@@ -1,5 +1,6 @@
-# Shared by round7.sh and round8.sh (sourced after common.sh): the SFT on answers worked column by
-# column (datasets/arith/small/sft_columns.jsonl) and GRPO from it, with room for the longer answers.
+# Shared by round7.sh, round8.sh and round9.sh (sourced after common.sh): the SFT on answers
+# worked column by column (datasets/arith/small/sft_columns.jsonl) and GRPO from it, with room
+# for the longer answers; trajectory evaluates a run's checkpoints.
 COLS='data.inputs=["datasets/arith/small/sft_columns.jsonl"]'
 cols_sft() { # name seed [--set k=v ...]: arith_sft.toml on the columns answers from OUT/tiny
   local name=$1 seed=$2
@@ -24,4 +25,8 @@ cols_run() { # steps seed: the columns SFT in STEPS steps, evaluated, then GRPO 
   cols_sft "$sft" "$2" --set training.max_steps="$1"
   cols_eval "$sft" "$OUT/$sft" --samples 8
   cols_grpo "cols$1-lr5e5-s$2" "$OUT/$sft" "$2" --set optimizer.lr=5e-5 --set schedule.min_lr=5e-6
+}
+trajectory() { # name: greedy accuracy of each of the run's checkpoints before its last
+  local cks=("$OUT/$1"/checkpoints/step-*) ck
+  for ck in "${cks[@]:0:${#cks[@]}-1}"; do cols_eval "$1@$((10#${ck##*step-}))" "$ck"; done
 }

@@ -10,10 +10,6 @@ set -euo pipefail
 BIN=$1; OUT=$2; STAGE=$3; CHECKPOINT_INTERVAL=25
 source experiments/011-grpo/common.sh
 source experiments/011-grpo/columns.sh
-trajectory() { # name: greedy accuracy of each of the run's checkpoints before its last
-  local cks=("$OUT/$1"/checkpoints/step-*) ck
-  for ck in "${cks[@]:0:${#cks[@]}-1}"; do cols_eval "$1@$((10#${ck##*step-}))" "$ck"; done
-}
 big_trajectory() { # name: greedy accuracy of each of the run's checkpoints on the 0-999 held-out
   # prompts, with room for three columns
   local ck

@@ -294,3 +294,154 @@ fn bad_reward_programs_settings_and_prompts_name_the_program_key_and_line() {
         "{err}"
     );
 }
+
+/// The train record of step 1 and the exported weights of a one-step run of `config`.
+fn one_step(dir: &Path, name: &str, config: &Path, sets: &[&str]) -> (serde_json::Value, Vec<u8>) {
+    let run = dir.join(name);
+    let mut args = vec!["train", "--config", s(config), "--run-dir", s(&run)];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    ok(&qwen_burn(&args, &[]));
+    let out = dir.join(format!("{name}-hf"));
+    ok(&qwen_burn(
+        &["export", "--checkpoint", s(&run), "--out", s(&out)],
+        &[],
+    ));
+    let record = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["split"] == "train" && v["step"] == 1)
+        .unwrap();
+    (
+        record,
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+    )
+}
+
+/// Zero-advantage rows left out of the update (the default where it is the same step) give
+/// the loss and gradient norm of the step on every row; a step whose rows all have advantage 0
+/// still steps AdamW (its weight decay), to the same weights bit for bit; and a `true` that
+/// cannot hold is an error naming the key.
+#[test]
+fn leaving_zero_advantage_rows_out_gives_the_same_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf_with_tokenizer(dir.path());
+    let prompts = prompts(dir.path(), 2);
+    // The completions of "What is 98 - 41?" all score 0 (a group of zero advantages); the
+    // other prompt's score by their first letter (a group of mixed ones).
+    let mixed = script(
+        dir.path(),
+        "mixed.sh",
+        r#"while IFS= read -r line; do case "$line" in *'98 - 41'*) echo 0;; *'"completion":"'[a-m]*) echo 1;; *) echo 0;; esac; done"#,
+    );
+    let config = grpo_config(dir.path(), &hf, &prompts, 1, Some(&mixed));
+    let left_out =
+        |r: &serde_json::Value| r["figures"]["rollout/frac_rows_left_out"].as_f64().unwrap();
+    let (skip, _) = one_step(dir.path(), "skip", &config, &[]);
+    let (all, _) = one_step(
+        dir.path(),
+        "all",
+        &config,
+        &["rl.skip_zero_advantage_rows=false"],
+    );
+    // Half the rows (one group of 4 of the 8) are left out, none in the other run.
+    assert_eq!(left_out(&skip), 0.5, "{skip}");
+    assert_eq!(left_out(&all), 0.0, "{all}");
+    assert!(
+        all["figures"]["reward_std"].as_f64().unwrap() > 0.0,
+        "{all}"
+    );
+    // On-policy the loss's value is the rows' `-A n` over the tokens (0 here: the group's
+    // advantages sum to 0 and every completion has 8 tokens); the gradient is the test.
+    let (a, b) = (
+        skip["loss"].as_f64().unwrap(),
+        all["loss"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-7, "loss: {a} vs {b}");
+    let (a, b) = (
+        skip["grad_norm"].as_f64().unwrap(),
+        all["grad_norm"].as_f64().unwrap(),
+    );
+    assert!(b > 0.0, "{all}");
+    assert!((a - b).abs() <= 1e-5 * b, "grad_norm: {a} vs {b}");
+    // exact_match alone: the random model answers nothing, every advantage is 0. The step
+    // trains on one row (the gradient of every weight 0) and AdamW decays the weights as on
+    // all eight: the same bits, and not the starting ones.
+    let config = grpo_config(dir.path(), &hf, &prompts, 1, None);
+    let (skip, skip_w) = one_step(dir.path(), "zero-skip", &config, &[]);
+    let (all, all_w) = one_step(
+        dir.path(),
+        "zero-all",
+        &config,
+        &["rl.skip_zero_advantage_rows=false"],
+    );
+    assert_eq!(left_out(&skip), 7.0 / 8.0, "{skip}");
+    assert_eq!(skip["grad_norm"].as_f64(), Some(0.0), "{skip}");
+    assert_eq!(all["grad_norm"].as_f64(), Some(0.0), "{all}");
+    assert!(
+        skip_w == all_w,
+        "different weights after a step of zero advantages"
+    );
+    // Without weight decay that step leaves the weights as they were: other bits.
+    let (_, kept) = one_step(
+        dir.path(),
+        "zero-no-decay",
+        &config,
+        &["optimizer.weight_decay=0.0"],
+    );
+    assert!(kept != all_w, "the weight decay did not change the weights");
+
+    // `true` where leaving rows out is not the same step: the key and the reason.
+    for (sets, why) in [
+        (&["rl.beta=0.1"][..], "rl.beta"),
+        (&["rl.loss_type=\"bnpo\""][..], "bnpo"),
+        (&["rl.num_iterations=2"][..], "rl.num_iterations"),
+    ] {
+        let mut args = vec!["train", "--config", s(&config), "--run-dir"];
+        let run = dir.path().join("bad");
+        args.push(s(&run));
+        for set in sets.iter().chain(&["rl.skip_zero_advantage_rows=true"]) {
+            args.extend(["--set", set]);
+        }
+        let err = fails(&qwen_burn(&args, &[]));
+        assert!(
+            err.contains("rl.skip_zero_advantage_rows") && err.contains(why),
+            "{sets:?}: {err}"
+        );
+    }
+    // A model with MoE layers (router losses and balancing count every row).
+    let moe = dir.path().join("moe");
+    std::fs::create_dir_all(&moe).unwrap();
+    let moe_config = tiny_config(&moe, true, 1, 1, "");
+    let moe_hf = moe.join("hf");
+    ok(&qwen_burn(
+        &["init", "--config", s(&moe_config), "--out", s(&moe_hf)],
+        &[],
+    ));
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        moe_hf.join("tokenizer.json"),
+    )
+    .unwrap();
+    let moe_from = format!("model.from=\"{}\"", moe_hf.display());
+    let err = fails(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&dir.path().join("bad-moe")),
+            "--set",
+            &moe_from,
+            "--set",
+            "rl.skip_zero_advantage_rows=true",
+        ],
+        &[],
+    ));
+    assert!(
+        err.contains("rl.skip_zero_advantage_rows") && err.contains("MoE"),
+        "{err}"
+    );
+}

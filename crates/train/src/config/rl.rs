@@ -42,6 +42,12 @@ pub struct RlConfig {
     /// Policy updates per generation batch; from the second on, the ratio is to the
     /// log-probabilities kept from generation.
     pub num_iterations: usize,
+    /// Leave the rows whose advantage is exactly 0 out of the update's forward and backward,
+    /// while the loss still averages over them: the same update, less work. Unset: wherever
+    /// that changes nothing of the step, its update and its figures (`beta = 0`,
+    /// `num_iterations = 1`, any `loss_type` but `bnpo`, a model without MoE layers); `true`:
+    /// required (an error elsewhere); `false`: every row is trained on.
+    pub skip_zero_advantage_rows: Option<bool>,
     /// The reward functions, summed with their weights.
     pub rewards: Vec<RewardSpec>,
 }
@@ -62,6 +68,7 @@ impl Default for RlConfig {
             loss_type: RlLossType::Dapo,
             scale_rewards: ScaleRewards::Group,
             num_iterations: 1,
+            skip_zero_advantage_rows: None,
             rewards: vec![RewardSpec::default()],
         }
     }
@@ -168,6 +175,23 @@ impl RlConfig {
         self.epsilon_high.unwrap_or(self.epsilon)
     }
 
+    /// Why leaving zero-advantage rows out of the update would change the step under these
+    /// settings, its update or its figures (`None`: neither). A zero advantage zeroes a row's
+    /// clipped term, but not its KL term (`beta > 0`); `bnpo` averages over each micro-batch's
+    /// tokens, the left-out rows' among them. With `num_iterations > 1` the rows are kept, so
+    /// that the clip figures stay token means over every row, as TRL's.
+    pub fn zero_rows_matter(&self) -> Option<&'static str> {
+        if self.beta > 0.0 {
+            Some("rl.beta > 0: a row's KL term does not vanish with its advantage")
+        } else if self.num_iterations > 1 {
+            Some("rl.num_iterations > 1: the clip figures are token means over every row")
+        } else if self.algorithm == RlAlgorithm::Grpo && self.loss_type == RlLossType::Bnpo {
+            Some("rl.loss_type = \"bnpo\": a micro-batch's token mean counts its left-out rows")
+        } else {
+            None
+        }
+    }
+
     /// Refuse values the run cannot use, naming the key.
     pub fn check(&self) -> Result<()> {
         let bad = |key: &str, why: String| Err(TrainError::config(format!("rl.{key}"), why));
@@ -226,6 +250,17 @@ impl RlConfig {
                 "is \"reinforce\", which has no KL term and no ratio: set rl.beta = 0 and \
                  rl.num_iterations = 1, or use \"grpo\""
                     .into(),
+            );
+        }
+        if self.skip_zero_advantage_rows == Some(true)
+            && let Some(why) = self.zero_rows_matter()
+        {
+            return bad(
+                "skip_zero_advantage_rows",
+                format!(
+                    "is true, but here leaving zero-advantage rows out is not the same step \
+                     ({why}); unset it or set it to false"
+                ),
             );
         }
         if self.rewards.is_empty() {

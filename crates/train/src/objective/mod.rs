@@ -43,6 +43,13 @@ pub trait Objective: Send + Sync {
     /// micro-batches, or `n` replicas, give the gradient of one batch that holds them all.
     fn units(&self, batch: &Batch) -> usize;
 
+    /// Units of the step's loss that none of its batches holds: rows the objective left out
+    /// of the forwards because their loss and gradient are exactly 0 (RL's zero-advantage
+    /// rows), which the loss still averages over. 0 by default.
+    fn units_left_out(&self) -> usize {
+        0
+    }
+
     /// Work before the first step, once the model and the data are open (the preference
     /// objective's reference log-probabilities). Nothing by default.
     fn prepare(

@@ -108,9 +108,14 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// The units the step's loss averages over, in all of `batches`.
+    /// The units the step's loss averages over: those of all of `batches`, and any the
+    /// objective left out of them ([`Objective::units_left_out`]).
     pub fn units(&self, batches: &[Batch]) -> usize {
-        batches.iter().map(|b| self.objective.units(b)).sum()
+        batches
+            .iter()
+            .map(|b| self.objective.units(b))
+            .sum::<usize>()
+            + self.objective.units_left_out()
     }
 
     /// The forwards `batches` take: one per micro-batch, or under `bitwise` one per row. A

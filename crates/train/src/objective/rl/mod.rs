@@ -9,7 +9,9 @@
 //! rewards against their group's mean ([`advantage::advantages`]). The loss of those rows is
 //! [`loss::rl_loss`]. With `rl.num_iterations > 1` the rows are kept and trained on that many
 //! steps, the ratio taken to the log-probabilities at generation; with `rl.beta > 0` the
-//! reference (the model of `model.from`, loaded once) gives the KL term.
+//! reference (the model of `model.from`, loaded once) gives the KL term. Rows whose advantage
+//! is 0 add nothing to the update; where leaving them out gives the same step, the batches
+//! leave them out ([`left_out`]).
 //!
 //! Figures under TRL's names: `reward`, `reward_std`, `rewards/<name>/mean`,
 //! `frac_reward_zero_std`, `completions/mean_length`, `completions/max_length`,
@@ -18,6 +20,7 @@
 //! reward, `accuracy`.
 
 pub mod advantage;
+pub mod left_out;
 pub mod loss;
 mod objective;
 pub mod rewards;

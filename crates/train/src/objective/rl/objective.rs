@@ -10,6 +10,7 @@ use qwen_burn_data::Batch;
 use qwen_burn_model::Qwen3ForCausalLM;
 
 use super::advantage::advantages;
+use super::left_out::{rows_needed, select_rows, skips_zero_rows};
 use super::loss::{TokenInputs, rl_loss, rl_loss_rows, rl_units};
 use super::rewards::Reward;
 use super::rollout::{
@@ -40,6 +41,8 @@ struct Rollout {
     figures: Vec<(&'static str, f64)>,
     /// The first completion of the first prompts, with its reward: the run's samples.
     samples: Vec<(String, String, f64)>,
+    /// The loss units of the rows left out of `batches` (zero advantage).
+    units_left_out: usize,
 }
 
 struct Row {
@@ -179,10 +182,23 @@ impl Rl {
         let (adv, reward_figures) =
             advantages(&total, g, self.config.scale_rewards, self.config.algorithm);
         let pad = sets.stop_ids.first().copied().unwrap_or(0);
+        let skip = skips_zero_rows(&self.config, model)?;
         let mut batches = Vec::with_capacity(groups.len());
         let mut rows = Vec::with_capacity(total.len());
+        let (mut first, mut rows_left_out, mut units_left_out) = (0usize, 0usize, 0usize);
         for (ids, completions) in &groups {
-            let batch = rows_batch(sets, ids, completions, pad, rows.len() as u32)?;
+            let mut batch = rows_batch(sets, ids, completions, pad, rows.len() as u32)?;
+            let mut adv_rows: Vec<f64> = adv[first..first + batch.batch_size].to_vec();
+            first += batch.batch_size;
+            let needed = rows_needed(&adv_rows);
+            if skip && needed.len() < adv_rows.len() {
+                let (kept_ids, kept) = select_rows(ids, completions, &needed);
+                let all_units = self.units(&batch);
+                rows_left_out += batch.batch_size - needed.len();
+                batch = rows_batch(sets, &kept_ids, &kept, pad, rows.len() as u32)?;
+                units_left_out += all_units - self.units(&batch);
+                adv_rows = needed.iter().map(|&i| adv_rows[i]).collect();
+            }
             let keep_old = self.config.num_iterations > 1;
             let old = keep_old
                 .then(|| host_token_logps(&valid, &batch, self.config.temperature))
@@ -194,10 +210,10 @@ impl Rl {
                 _ => None,
             };
             let t = batch.seq_len;
-            for r in 0..batch.batch_size {
+            for (r, &advantage) in adv_rows.iter().enumerate() {
                 let span = r * t..(r + 1) * t;
                 rows.push(Row {
-                    advantage: adv[rows.len()] as f32,
+                    advantage: advantage as f32,
                     old: old.as_ref().map(|v| v[span.clone()].to_vec()),
                     reference: reference.as_ref().map(|v| v[span].to_vec()),
                 });
@@ -229,6 +245,11 @@ impl Rl {
             lengths.iter().copied().max().unwrap_or(0) as f64,
         ));
         figures.push(("completions/clipped_ratio", clipped as f64 / n));
+        // The share of the rows that the update left out (zero advantage, see `left_out`).
+        figures.push((
+            "rollout/frac_rows_left_out",
+            rows_left_out as f64 / total.len().max(1) as f64,
+        ));
         // Timings of this rollout: the decoding alone, and all of it (decoding, rewards,
         // the rows' layout and any old or reference log-probabilities).
         let generated = lengths.iter().sum::<usize>() as f64;
@@ -253,6 +274,7 @@ impl Rl {
             rows,
             figures,
             samples,
+            units_left_out,
         })
     }
 }
@@ -273,6 +295,14 @@ impl Objective for Rl {
         rl_units(&self.config, batch.batch_size, count_targets(batch))
     }
 
+    fn units_left_out(&self) -> usize {
+        self.current
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(|r| r.units_left_out))
+            .unwrap_or(0)
+    }
+
     fn prepare(
         &self,
         model: &Qwen3ForCausalLM,
@@ -283,6 +313,8 @@ impl Objective for Rl {
             TrainError::config("data.kind", "an RL run needs data.kind = \"prompts\"")
         })?;
         let _ = self.sets.set(sets.clone());
+        // A `true` that the model cannot honour is an error before the first step.
+        skips_zero_rows(&self.config, model)?;
         if self.config.beta > 0.0
             && let Some(from) = &self.reference_from
         {
