@@ -59,7 +59,7 @@ pub fn forward_ce_sum(
     device: &Device,
 ) -> Result<(Tensor<1>, Vec<RouterOutput>, Option<Tensor<2, Bool>>)> {
     let (inputs, mask) = input_tensors(batch, device);
-    let docs = batch_documents(batch)?;
+    let docs = batch_documents(batch, model)?;
     let (hidden, routers) = model.forward_hidden_packed(inputs, mask.clone(), docs.as_ref());
     let targets = target_tensor(batch, device);
     Ok((model.head_cross_entropy_sum(hidden, targets), routers, mask))
@@ -74,7 +74,7 @@ pub fn forward_ce_rows(
     device: &Device,
 ) -> Result<(Vec<f64>, Vec<RouterOutput>)> {
     let (inputs, mask) = input_tensors(batch, device);
-    let docs = batch_documents(batch)?;
+    let docs = batch_documents(batch, model)?;
     let (hidden, routers) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
     let targets = target_tensor(batch, device);
     let [b, t, h] = hidden.dims();

@@ -2,7 +2,7 @@
 
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use qwen_burn_data::Batch;
-use qwen_burn_model::Documents;
+use qwen_burn_model::{Documents, Qwen3ForCausalLM};
 
 use crate::error::{Result, TrainError};
 
@@ -33,14 +33,47 @@ pub fn target_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(batch.targets.clone(), [b, t]), device)
 }
 
-/// The document layout of a packed batch ([`Batch::positions`]), `None` for one document per row.
-pub fn batch_documents(batch: &Batch) -> Result<Option<Documents>> {
-    batch
-        .positions
-        .as_ref()
-        .map(|p| Documents::new(batch.batch_size, batch.seq_len, p.clone()))
-        .transpose()
+/// The document layout `model`'s training forward of `batch` takes: a packed batch's
+/// ([`Batch::positions`]); else, on a model without MoE layers, rows padded at their end (SFT,
+/// preference and RL rows) as two documents each, the real tokens and the padding; else `None`
+/// (one document per row, the padding mask).
+///
+/// A real token of a right-padded row sees the same keys either way (those before it, all
+/// real), so its hidden state is the masked attention's, while Flex runs its fused causal
+/// kernel instead of the composed attention over a `[b, heads, t, t]` mask. The padding's
+/// states differ, and nothing reads them: they have no targets. MoE layers keep the mask,
+/// because their capacity counts each document on its own.
+pub fn batch_documents(batch: &Batch, model: &Qwen3ForCausalLM) -> Result<Option<Documents>> {
+    let positions = match (&batch.positions, &batch.attention_mask) {
+        (Some(p), _) => p.clone(),
+        (None, Some(mask)) if model.config.moe_layers().is_empty() => {
+            match trailing_padding_positions(mask, batch.seq_len) {
+                Some(p) => p,
+                None => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    Documents::new(batch.batch_size, batch.seq_len, positions)
+        .map(Some)
         .map_err(TrainError::from)
+}
+
+/// The positions of rows of `t` whose padding (`mask` 0) comes after all their real tokens,
+/// the padding counting as a document of its own; `None` when no row has padding or some row
+/// has padding before a real token.
+fn trailing_padding_positions(mask: &[u8], t: usize) -> Option<Vec<u32>> {
+    let mut positions = Vec::with_capacity(mask.len());
+    let mut padded = false;
+    for row in mask.chunks(t.max(1)) {
+        let real = row.iter().take_while(|&&m| m != 0).count();
+        if row[real..].iter().any(|&m| m != 0) {
+            return None;
+        }
+        padded |= real < row.len();
+        positions.extend((0..real as u32).chain(0..(row.len() - real) as u32));
+    }
+    padded.then_some(positions)
 }
 
 /// Tokens of `batch` that are not padding: what the balancing losses count.

@@ -36,7 +36,7 @@ pub(super) fn forward(
     device: &Device,
 ) -> Result<(Tensor<3>, Vec<RouterOutput>, Option<Tensor<2, Bool>>, Stack)> {
     let (input_ids, mask) = input_tensors(batch, device);
-    let docs = batch_documents(batch)?;
+    let docs = batch_documents(batch, inner)?;
     let (mut x, layer_inputs) = inner.embed_for_layers(
         input_ids.clone().inner(),
         mask.clone().map(|m| m.inner()),

@@ -170,7 +170,7 @@ impl<'a> Step<'a> {
             }
             None => {
                 let (inputs, mask) = input_tensors(batch, device);
-                let docs = batch_documents(batch)?;
+                let docs = batch_documents(batch, model)?;
                 let (hidden, routers) =
                     model.forward_hidden_packed(inputs, mask.clone(), docs.as_ref());
                 (hidden, routers, mask, None)

@@ -155,7 +155,7 @@ pub fn batch_logps_whole(
     whole: bool,
 ) -> Result<(Vec<f64>, Option<Wholes>)> {
     let (inputs, mask) = input_tensors(batch, device);
-    let docs = batch_documents(batch)?;
+    let docs = batch_documents(batch, model)?;
     let (hidden, _) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
     let logps = read(sequence_logps(model, hidden.clone(), batch, device))?;
     if !whole {

@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use super::rewards::{Reward, Scored};
 use crate::config::RlConfig;
 use crate::error::{Result, TrainError};
-use crate::step::batch::input_tensors;
+use crate::step::batch::{batch_documents, input_tensors};
 
 /// The prompts and tokenizer of an RL run.
 #[derive(Clone)]
@@ -300,7 +300,8 @@ pub fn host_token_logps(
         .cloned()
         .ok_or_else(|| TrainError::Other("a model without a device".into()))?;
     let (inputs, mask) = input_tensors(batch, &device);
-    let (hidden, _) = model.forward_hidden(inputs, mask, None);
+    let docs = batch_documents(batch, model)?;
+    let (hidden, _) = model.forward_hidden_packed(inputs, mask, docs.as_ref());
     let (logps, _) = token_logps(model, tempered(hidden, temperature), batch, &device);
     logps
         .try_into_vec_as::<f32>()
