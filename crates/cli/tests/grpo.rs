@@ -69,6 +69,15 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
+/// `train --config CONFIG --run-dir RUN` with a `--set` for each of `sets`.
+fn train(config: &Path, run: &Path, sets: &[&str]) -> std::process::Output {
+    let mut args = vec!["train", "--config", s(config), "--run-dir", s(run)];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    qwen_burn(&args, &[])
+}
+
 /// The train records of a run without their timings.
 fn records(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -249,14 +258,10 @@ fn bad_reward_programs_settings_and_prompts_name_the_program_key_and_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let hf = tiny_hf_with_tokenizer(dir.path());
     let prompts = prompts(dir.path(), 4);
-    let train = |config: &Path, sets: &[&str]| {
+    let refused = |config: &Path, sets: &[&str]| {
         let run = dir.path().join("run");
         let _ = std::fs::remove_dir_all(&run);
-        let mut args = vec!["train", "--config", s(config), "--run-dir", s(&run)];
-        for set in sets {
-            args.extend(["--set", set]);
-        }
-        fails(&qwen_burn(&args, &[]))
+        fails(&train(config, &run, sets))
     };
     for (name, body, expect) in [
         ("crash.sh", "exit 3", "exit status: 3"),
@@ -265,7 +270,7 @@ fn bad_reward_programs_settings_and_prompts_name_the_program_key_and_line() {
         ("hang.sh", "exec sleep 30", "timeout"),
     ] {
         let program = script(dir.path(), name, body);
-        let err = train(
+        let err = refused(
             &grpo_config(dir.path(), &hf, &prompts, 2, Some(&program)),
             &[],
         );
@@ -278,17 +283,17 @@ fn bad_reward_programs_settings_and_prompts_name_the_program_key_and_line() {
         ("rl.epsilon=1.5", "rl.epsilon"),
         ("rl.loss_type=\"ppo\"", "rl.loss_type"),
     ] {
-        let err = train(&config, &[set]);
+        let err = refused(&config, &[set]);
         assert!(err.contains(key), "{set}: {err}");
     }
-    let err = train(&config, &["data.kind=\"text\""]);
+    let err = refused(&config, &["data.kind=\"text\""]);
     assert!(err.contains("rl"), "{err}");
     std::fs::write(
         &prompts,
         "{\"prompt\": \"What is 1 + 1?\", \"answer\": \"2\"}\n{\"prompt\": \"What is 2 + 2?\"}\n",
     )
     .unwrap();
-    let err = train(&config, &[]);
+    let err = refused(&config, &[]);
     assert!(
         err.contains("prompts.jsonl:2") && err.contains("answer"),
         "{err}"
@@ -298,11 +303,7 @@ fn bad_reward_programs_settings_and_prompts_name_the_program_key_and_line() {
 /// The train record of step 1 and the exported weights of a one-step run of `config`.
 fn one_step(dir: &Path, name: &str, config: &Path, sets: &[&str]) -> (serde_json::Value, Vec<u8>) {
     let run = dir.join(name);
-    let mut args = vec!["train", "--config", s(config), "--run-dir", s(&run)];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    ok(&qwen_burn(&args, &[]));
+    ok(&train(config, &run, sets));
     let out = dir.join(format!("{name}-hf"));
     ok(&qwen_burn(
         &["export", "--checkpoint", s(&run), "--out", s(&out)],
@@ -399,13 +400,8 @@ fn leaving_zero_advantage_rows_out_gives_the_same_step() {
         (&["rl.loss_type=\"bnpo\""][..], "bnpo"),
         (&["rl.num_iterations=2"][..], "rl.num_iterations"),
     ] {
-        let mut args = vec!["train", "--config", s(&config), "--run-dir"];
-        let run = dir.path().join("bad");
-        args.push(s(&run));
-        for set in sets.iter().chain(&["rl.skip_zero_advantage_rows=true"]) {
-            args.extend(["--set", set]);
-        }
-        let err = fails(&qwen_burn(&args, &[]));
+        let sets = [sets, &["rl.skip_zero_advantage_rows=true"]].concat();
+        let err = fails(&train(&config, &dir.path().join("bad"), &sets));
         assert!(
             err.contains("rl.skip_zero_advantage_rows") && err.contains(why),
             "{sets:?}: {err}"
@@ -426,19 +422,10 @@ fn leaving_zero_advantage_rows_out_gives_the_same_step() {
     )
     .unwrap();
     let moe_from = format!("model.from=\"{}\"", moe_hf.display());
-    let err = fails(&qwen_burn(
-        &[
-            "train",
-            "--config",
-            s(&config),
-            "--run-dir",
-            s(&dir.path().join("bad-moe")),
-            "--set",
-            &moe_from,
-            "--set",
-            "rl.skip_zero_advantage_rows=true",
-        ],
-        &[],
+    let err = fails(&train(
+        &config,
+        &dir.path().join("bad-moe"),
+        &[&moe_from, "rl.skip_zero_advantage_rows=true"],
     ));
     assert!(
         err.contains("rl.skip_zero_advantage_rows") && err.contains("MoE"),

@@ -1,8 +1,7 @@
-"""Summary of the runs of benches/grpo_skip_ab.sh (OUT/skip-N, OUT/all-N) or grpo_binaries_ab.sh
-(OUT/old-N, OUT/new-N): per run, the median seconds a step over steps 2.. (step 1 carries the
-step-0 validation), the rollout's seconds, the share of rows left out, peak RSS; and step 1's
-loss and gradient norm, which both sides compute on the same rollout; then each side's median.
-Usage: python3 benches/grpo_skip_ab.py OUT_DIR"""
+"""Summary of the runs of benches/grpo_ab.sh (OUT/A-N, OUT/B-N): per run, the median seconds a
+step over steps 2.. (step 1 carries the step-0 validation), the rollout's seconds, the share of
+rows left out, peak RSS; and step 1's loss and gradient norm, which both sides compute on the
+same rollout; then each side's median. Usage: python3 benches/grpo_ab.py OUT_DIR"""
 import glob
 import json
 import os
