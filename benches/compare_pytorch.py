@@ -205,6 +205,8 @@ def main():
                          "1.7b / 4b: LoRA vs PEFT f32 and PEFT with a bf16 base)")
     ap.add_argument("--no-torch-bf16", nargs="?", const="all", default="", metavar="SHAPES",
                     help="real suite: skip the PEFT run with a bf16 base, for all shapes or for the comma-listed ones")
+    ap.add_argument("--no-torch-f32", action="store_true",
+                    help="real suite: skip the PEFT runs with an f32 base (the bf16 comparison alone)")
     ap.add_argument("--torch-4b-f32", action="store_true",
                     help="real suite: also run PEFT with an f32 base on 4b (16 GB of f32 weights; skipped otherwise)")
     ap.add_argument("--torch-job", choices=["train", "lora", "lora_bf16", "generate"], help=argparse.SUPPRESS)
@@ -285,6 +287,8 @@ def lora_plan(shape, args):
     plan = {"qwen-burn": None, "peft-f32": None, "peft-bf16": None}
     if shape in F32_GUARDED and not args.torch_4b_f32:
         plan["peft-f32"] = f"skipped: f32 weights of {shape} are ~16 GB; pass --torch-4b-f32 to run it"
+    if args.no_torch_f32:
+        plan["peft-f32"] = "skipped: --no-torch-f32"
     if shape in args.no_torch_bf16:
         plan["peft-bf16"] = "skipped: --no-torch-bf16"
     return plan

@@ -98,6 +98,8 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let command = Cli::parse().command;
+    // A kernel choice that names no path this CPU has is refused before any work.
+    qwen_burn_model::chosen_bf16_path()?;
     // Inference packs each frozen bf16 weight for the bf16 kernel once and keeps it (a second
     // copy of those weights) instead of packing it again in every product; training does not.
     // (`bench generate` holds its own.)

@@ -335,3 +335,32 @@ fn bf16_precision_off_flex_is_refused_naming_the_key() {
         "a refused run wrote metrics"
     );
 }
+
+/// `QWEN_BURN_BF16_KERNEL` (which caps the bf16 kernel, to compare paths on one CPU) that names
+/// no path, or one this CPU lacks, is refused before anything is written, naming the variable
+/// and the paths this CPU has; `emulated` exists on every CPU and is taken.
+#[test]
+fn a_bf16_kernel_this_cpu_lacks_is_refused_naming_the_variable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = tiny_config(dir.path(), false, 2, 2, "");
+    let run = dir.path().join("run");
+    let args = ["train", "--config", s(&config), "--run-dir", s(&run)];
+    for bad in ["avx2", "AMX", "amx-bf16"] {
+        let out = qwen_burn(&args, &[("QWEN_BURN_BF16_KERNEL", bad)]);
+        let e = fails(&out);
+        assert!(
+            e.contains("QWEN_BURN_BF16_KERNEL") && e.contains(bad) && e.contains("emulated"),
+            "{e}"
+        );
+        assert!(!run.exists(), "a refused run wrote {}", run.display());
+    }
+    let out = qwen_burn(
+        &["train", "--config", s(&config), "--run-dir", s(&run)],
+        &[("QWEN_BURN_BF16_KERNEL", "emulated")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,6 +1,6 @@
 //! Time of a frozen projection `x @ W` forward and its input gradient (`kernels::linear_rows`,
 //! as a LoRA base weight runs) with `W` stored in f32 against `W` stored in bf16 (computed in
-//! bf16 where the CPU has the kernel, `bf16_path`), and of an f32 `W` at mixed precision
+//! bf16 where the CPU has a kernel, `bf16_path`, capped by `QWEN_BURN_BF16_KERNEL`), and of an f32 `W` at mixed precision
 //! (`Precision::Bf16`), at the shapes of a model: rows, then `d_in x d_out` pairs.
 //!
 //!     cargo run --release --example bf16_projection -- 512 2048x2048 2048x1024 2048x6144 6144x2048
@@ -8,7 +8,9 @@
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
-use qwen_burn_kernels::{Precision, bf16_path, in_pool, linear_rows, with_precision};
+use qwen_burn_kernels::{
+    Precision, chosen_bf16_path, detected_bf16_path, in_pool, linear_rows, with_precision,
+};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -19,7 +21,11 @@ fn main() {
             (k.parse().expect("K"), m.parse().expect("M"))
         })
         .collect();
-    println!("bf16 products on this CPU: {:?}", bf16_path());
+    let path = chosen_bf16_path().unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "bf16 products: {path:?} (this CPU's best: {:?}; QWEN_BURN_BF16_KERNEL picks)",
+        detected_bf16_path()
+    );
     let device = Device::flex().autodiff();
     let normal = Distribution::Normal(0.0, 1.0);
     for (k, m) in shapes {

@@ -83,7 +83,10 @@ mod swiglu;
 
 pub use adamw::{AdamWInputs, AdamWStep, adamw_update};
 pub use attention::causal_attention;
-pub use bf16::{PackedWeights, Path as Bf16Path, bf16_path, keep_packed_weights};
+pub use bf16::{
+    BF16_KERNEL_VAR, Bf16KernelError, PackedWeights, Path as Bf16Path, bf16_path, chosen_bf16_path,
+    detected_bf16_path, keep_packed_weights,
+};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_sum_reference};
 pub use linear::{linear_rows, linear_rows_transposed};
 pub use linear_cross_entropy::linear_cross_entropy;
@@ -182,7 +185,7 @@ pub fn widened<const D: usize>(w: burn::tensor::Tensor<D>) -> burn::tensor::Tens
 /// bf16 products is against. `None` where the CPU has no bf16 kernel ([`bf16_path`]).
 pub fn bf16_peak_flops(n: usize, repeats: usize) -> Option<f64> {
     use bf16::{Operand, mm_bf16};
-    if bf16_path() != Bf16Path::Avx512Bf16 || n == 0 {
+    if !bf16_path().has_kernel() || n == 0 {
         return None;
     }
     let a: Vec<f32> = (0..n * n)

@@ -118,7 +118,7 @@ pub(crate) fn mm_matrix(
             let w = bf16::Operand::F32(w, ws_r, ws_c);
             bf16::mm_bf16(m, n, k, a16, w, c, accumulate, threads);
         }
-        (Matrix::Bf16(w), _) if bf16::bf16_path() == bf16::Path::Avx512Bf16 => {
+        (Matrix::Bf16(w), _) if bf16::bf16_path().has_kernel() => {
             let kept = bf16::packed(w, shape, transposed);
             let rhs = kernel_rhs(Matrix::Bf16(w), kept.as_deref(), (ws_r, ws_c));
             bf16::mm_bf16_kernel(m, n, k, a16, rhs, c, accumulate, threads);
@@ -159,7 +159,7 @@ pub(crate) fn mm_matrix_new(
         };
         return mm_new(m, n, k, a, b, threads);
     }
-    if bf16::bf16_path() == bf16::Path::Avx512Bf16 {
+    if bf16::bf16_path().has_kernel() {
         // The kernel writes every element: no zeroing first.
         let (ws_r, ws_c) = if transposed { (1, cols) } else { (cols, 1) };
         let a16 = bf16::Operand::F32(a.0, a.1, a.2);

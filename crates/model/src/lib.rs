@@ -48,5 +48,7 @@ pub use moe::{
     selection_counts,
 };
 /// Keep frozen bf16 weights packed for the bf16 kernel while the guard lives (inference).
-pub use qwen_burn_kernels::{PackedWeights, keep_packed_weights};
+pub use qwen_burn_kernels::{
+    BF16_KERNEL_VAR, Bf16Path, PackedWeights, bf16_path, chosen_bf16_path, keep_packed_weights,
+};
 pub use weights::SafetensorsCheckpoint;

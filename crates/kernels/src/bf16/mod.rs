@@ -18,38 +18,25 @@ use rayon::prelude::*;
 
 use crate::mm::{Threads, extent, mm};
 
+mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod pack;
+mod path;
 mod prepack;
 
 use pack::{KC2, pack_all};
 pub(crate) use pack::{Operand, round_bits};
 #[cfg(test)]
+use path::path_named;
+pub use path::{
+    BF16_KERNEL_VAR, Bf16KernelError, Path, bf16_path, chosen_bf16_path, detected_bf16_path,
+    has_bf16_path,
+};
+#[cfg(test)]
 pub(crate) use prepack::kept_packed_forms;
 pub(crate) use prepack::{PackedB, packed, retain};
 pub use prepack::{PackedWeights, keep_packed_weights};
-
-/// How a bf16 product is computed on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
-    /// `vdpbf16ps` (AVX512-BF16).
-    Avx512Bf16,
-    /// Operands rounded into f32 copies, then the f32 product.
-    Emulated,
-}
-
-/// The path [`mm_bf16`] takes on this CPU: the kernel where the instructions are detected at
-/// run time, else the emulation.
-pub fn bf16_path() -> Path {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-        {
-            return Path::Avx512Bf16;
-        }
-    }
-    Path::Emulated
-}
 
 /// `c = a @ b` (or `c += a @ b` when `accumulate`) in bf16 with f32 accumulation, for
 /// `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]` at row stride `c_rs`, on `path`.
@@ -65,8 +52,18 @@ pub(crate) fn mm_bf16_on(
     accumulate: bool,
     threads: Threads,
 ) {
-    if path == Path::Avx512Bf16
-        && mm_bf16_kernel(m, n, k, a, Rhs::Pack(b), (c, c_rs), accumulate, threads)
+    if path.has_kernel()
+        && mm_bf16_kernel_on(
+            path,
+            m,
+            n,
+            k,
+            a,
+            Rhs::Pack(b),
+            (c, c_rs),
+            accumulate,
+            threads,
+        )
     {
         return;
     }
@@ -103,10 +100,26 @@ pub(crate) fn mm_bf16(
     mm_bf16_on(bf16_path(), m, n, k, a, b, c, accumulate, threads);
 }
 
-/// `c = a @ b` or `c += a @ b` on the AVX512-BF16 kernel, `b` packed here or before
-/// ([`prepack`]); `false` (and `c` untouched) where the CPU lacks the kernel.
+/// `c = a @ b` or `c += a @ b` on this CPU's bf16 kernel ([`bf16_path`]), `b` packed here or
+/// before ([`prepack`]); `false` (and `c` untouched) where the CPU lacks a kernel.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mm_bf16_kernel(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Rhs<'_>,
+    c: (&mut [f32], usize),
+    accumulate: bool,
+    threads: Threads,
+) -> bool {
+    mm_bf16_kernel_on(bf16_path(), m, n, k, a, b, c, accumulate, threads)
+}
+
+/// [`mm_bf16_kernel`] on `path`, which must be one this CPU has ([`detected_bf16_path`]).
+#[allow(clippy::too_many_arguments)]
+fn mm_bf16_kernel_on(
+    path: Path,
     m: usize,
     n: usize,
     k: usize,
@@ -118,21 +131,22 @@ pub(crate) fn mm_bf16_kernel(
 ) -> bool {
     check(m, n, k, a, b);
     assert!(c.len() >= extent(m, n, c_rs, 1), "dst out of bounds");
+    assert!(has_bf16_path(path), "{path:?} is not on this CPU");
     #[cfg(target_arch = "x86_64")]
-    if bf16_path() == Path::Avx512Bf16 {
+    if path.has_kernel() {
         if m > 0 && n > 0 {
-            // SAFETY: the kernel's instructions are present; `c` holds the destination
-            // (asserted above) and is borrowed mutably for the call.
+            // SAFETY: the kernel's instructions are present (asserted above); `c` holds the
+            // destination (asserted above) and is borrowed mutably for the call.
             let dst = (Dst(c.as_mut_ptr()), c_rs);
-            unsafe { blocked(m, n, k, a, b, dst, accumulate, threads) };
+            unsafe { blocked(path, m, n, k, a, b, dst, accumulate, threads) };
         }
         return true;
     }
     false
 }
 
-/// `a @ b` into a new row-major `[m, n]` buffer on the AVX512-BF16 kernel, written without
-/// zeroing it first; `None` where the CPU lacks the kernel.
+/// `a @ b` into a new row-major `[m, n]` buffer on this CPU's bf16 kernel, written without
+/// zeroing it first; `None` where the CPU lacks a kernel.
 pub(crate) fn mm_bf16_kernel_new(
     m: usize,
     n: usize,
@@ -142,8 +156,9 @@ pub(crate) fn mm_bf16_kernel_new(
     threads: Threads,
 ) -> Option<Vec<f32>> {
     check(m, n, k, a, b);
+    let path = bf16_path();
     #[cfg(target_arch = "x86_64")]
-    if bf16_path() == Path::Avx512Bf16 {
+    if path.has_kernel() {
         let mut c: Vec<f32> = Vec::with_capacity(m * n);
         if m > 0 && n > 0 {
             let dst = (Dst(c.spare_capacity_mut().as_mut_ptr().cast::<f32>()), n);
@@ -152,7 +167,7 @@ pub(crate) fn mm_bf16_kernel_new(
             // it (its tiles cover the destination; `k = 0` writes zeros), so that all `m * n`
             // are initialised afterwards.
             unsafe {
-                blocked(m, n, k, a, b, dst, false, threads);
+                blocked(path, m, n, k, a, b, dst, false, threads);
                 c.set_len(m * n);
             }
         }
@@ -193,10 +208,10 @@ pub(crate) fn rounded(x: Operand<'_>, rows: usize, cols: usize) -> Vec<f32> {
 const MR: usize = 12;
 /// Columns of the register tile (two vectors of 16 f32).
 const NR: usize = 32;
-/// The most row panels ([`MR`] rows each) of one task: 192 rows.
-const MAX_ROW_PANELS: usize = 16;
-/// The fewest row panels of one task, where the product has that many.
-const MIN_ROW_PANELS: usize = 4;
+/// The most rows of one task (16 panels of [`MR`]).
+const MAX_ROWS: usize = 192;
+/// The fewest rows of one task, where the product has that many (4 panels of [`MR`]).
+const MIN_ROWS: usize = 48;
 /// The fewest column panels ([`NR`] columns each) of one task.
 const MIN_COL_PANELS: usize = 4;
 /// Tasks per thread a product is cut into where its shape allows: a thread slowed by the
@@ -245,6 +260,7 @@ pub(crate) enum Rhs<'a> {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn blocked(
+    path: Path,
     m: usize,
     n: usize,
     k: usize,
@@ -265,8 +281,10 @@ unsafe fn blocked(
         }
         return;
     }
-    let a_panels = m.div_ceil(MR);
-    let a_block = a_panels * MR * KC2;
+    // AMX packs `a` by rows ([`amx::pack_rows`]), in panels of 32 rows.
+    let mr = if path == Path::Amx { amx::MR } else { MR };
+    let a_panels = m.div_ceil(mr);
+    let a_block = a_panels * mr * KC2;
     // Reduction blocks per super-block, and column panels per super-block.
     let k_blocks = (SUPER_WORDS / a_block).clamp(1, k.div_ceil(kc));
     let per_nc = NC / NR;
@@ -288,12 +306,12 @@ unsafe fn blocked(
     // Row blocks of equal numbers of panels (blocks of a fixed height left a short last one:
     // a prefill's 128 rows made tasks of 96 and 32 rows, and a thread idle for a quarter of
     // each product), and column blocks, to make about `TASKS_PER_THREAD` tasks a thread.
-    let (row_blocks, nc) = blocking(a_panels, n.div_ceil(NR), threads);
+    let (row_blocks, nc) = blocking(a_panels, n.div_ceil(NR), mr, threads);
     let row_block = |ib: usize| {
         let (base, extra) = (a_panels / row_blocks, a_panels % row_blocks);
         let first = ib * base + ib.min(extra);
-        let i0 = first * MR;
-        (i0, ((base + usize::from(ib < extra)) * MR).min(m - i0))
+        let i0 = first * mr;
+        (i0, ((base + usize::from(ib < extra)) * mr).min(m - i0))
     };
     for k0 in (0..k).step_by(k_blocks * kc) {
         let k_len = (k_blocks * kc).min(k - k0);
@@ -301,7 +319,11 @@ unsafe fn blocked(
         for kb in 0..blocks {
             let (p0, len) = (k0 + kb * kc, kc.min(k0 + k_len - (k0 + kb * kc)));
             let out = &mut packed_a[kb * a_block..(kb + 1) * a_block];
-            pack_all(a, (a_rs, a_cs), (0, m), p0, len, MR, out, threads);
+            if path == Path::Amx {
+                amx::pack_rows(a, (a_rs, a_cs), m, p0, len, out, threads);
+            } else {
+                pack_all(a, (a_rs, a_cs), (0, m), p0, len, MR, out, threads);
+            }
         }
         for j0 in (0..n).step_by(b_panels * NR) {
             let cols = (b_panels * NR).min(n - j0);
@@ -326,12 +348,34 @@ unsafe fn blocked(
                 let (ib, jb) = (t / col_blocks, t % col_blocks);
                 let (i0, rows) = row_block(ib);
                 let (c0, width_all) = (jb * nc, nc.min(cols - jb * nc));
+                let panels = (c0 / NR)..(c0 + width_all).div_ceil(NR);
+                // SAFETY: AMX is present where the path is (the caller's promise).
+                let _tiles = (path == Path::Amx).then(|| unsafe { amx::Tiles::configure() });
                 for kb in 0..blocks {
                     let len = kc.min(k_len - kb * kc);
                     let pairs = len.div_ceil(2);
                     let first = k0 == 0 && kb == 0 && !accumulate;
                     let (pa, pb) = (&packed_a[kb * a_block..], &pb_all[kb * b_block..]);
-                    let panels = (c0 / NR)..(c0 + width_all).div_ceil(NR);
+                    if path == Path::Amx {
+                        // SAFETY: the tiles are configured; the blocks hold the packed panels;
+                        // the task's rows and columns lie in the destination (the caller's
+                        // promise) and are this task's alone.
+                        unsafe {
+                            let c = (dst.at(j0), c_rs);
+                            amx::block_tiles(
+                                pairs,
+                                pa,
+                                pb,
+                                i0..i0 + rows,
+                                panels.clone(),
+                                cols,
+                                c,
+                                first,
+                                amx::tile,
+                            )
+                        };
+                        continue;
+                    }
                     for jp in panels.clone() {
                         let bp = &pb[jp * pairs * NR..(jp + 1) * pairs * NR];
                         // The next panel, fetched into L2 during this panel's first tile: a
@@ -350,7 +394,17 @@ unsafe fn blocked(
                             // inside the destination (the caller's promise) and belongs to
                             // this task alone.
                             unsafe {
-                                tile(pairs, ap, bp, next, dst.at(at), c_rs, height, width, first)
+                                avx512::tile(
+                                    pairs,
+                                    ap,
+                                    bp,
+                                    next,
+                                    dst.at(at),
+                                    c_rs,
+                                    height,
+                                    width,
+                                    first,
+                                )
                             };
                         }
                     }
@@ -367,14 +421,14 @@ unsafe fn blocked(
 }
 
 /// How [`blocked`] cuts a product of `row_panels` x `col_panels` panels into tasks: the number
-/// of row blocks (of equal panels, up to [`MAX_ROW_PANELS`]) and the columns of a column block
+/// of row blocks (of equal panels of `mr` rows, up to [`MAX_ROWS`]) and the columns of a column block
 /// (a multiple of [`NR`], up to [`NC`]).
-fn blocking(row_panels: usize, col_panels: usize, threads: Threads) -> (usize, usize) {
+fn blocking(row_panels: usize, col_panels: usize, mr: usize, threads: Threads) -> (usize, usize) {
     let want = match threads {
         Threads::All => TASKS_PER_THREAD * rayon::current_num_threads(),
         Threads::One => 1,
     };
-    let mut row_blocks = row_panels.div_ceil(MAX_ROW_PANELS).max(1);
+    let mut row_blocks = row_panels.div_ceil((MAX_ROWS / mr).max(1)).max(1);
     let per_col = col_panels
         .div_ceil(want.div_ceil(row_blocks))
         .clamp(MIN_COL_PANELS, NC / NR);
@@ -382,7 +436,7 @@ fn blocking(row_panels: usize, col_panels: usize, threads: Threads) -> (usize, u
     // A short product keeps one row block (each panel of `b` then leaves memory once: a
     // weight packed before is read from memory); a tall one is cut finer for more tasks.
     if row_blocks > 1 && row_blocks * col_blocks < want {
-        let most = row_panels.div_ceil(MIN_ROW_PANELS).max(row_blocks);
+        let most = row_panels.div_ceil((MIN_ROWS / mr).max(1)).max(row_blocks);
         row_blocks = want.div_ceil(col_blocks).min(most);
     }
     (row_blocks, per_col * NR)
@@ -392,84 +446,6 @@ thread_local! {
     /// [`blocked`]'s packed blocks of `a` and `b`.
     static PACKED: std::cell::Cell<(Vec<u32>, Vec<u32>)> =
         const { std::cell::Cell::new((Vec::new(), Vec::new())) };
-}
-
-/// One `MR x NR` register tile over `pairs` reduction pairs: `c = acc` when `first`, else
-/// `c += acc`, for the `height x width` corner that lies in the destination; `next` (a panel
-/// of `b` a later tile reads) is fetched into L2 meanwhile.
-///
-/// # Safety
-/// AVX512-BF16 present; `a`, `b` and `next` hold `pairs * MR`, `pairs * NR` and `pairs * NR`
-/// words; `c` valid for reads and writes of `height` rows of `width` elements at row stride
-/// `c_rs`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile(
-    pairs: usize,
-    a: &[u32],
-    b: &[u32],
-    next: Option<&[u32]>,
-    c: *mut f32,
-    c_rs: usize,
-    height: usize,
-    width: usize,
-    first: bool,
-) {
-    use std::arch::x86_64::*;
-    assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
-    // Without a next panel, the prefetches touch this one (in L1 already).
-    let next = next.unwrap_or(b);
-    assert!(next.len() >= pairs * NR);
-    let pn = next.as_ptr();
-    // The destination tile's lines, fetched while the products run: rows of a wide `c` are
-    // far apart, and a miss on each of them at the end would stall the tile.
-    for r in 0..height {
-        for h in 0..width.div_ceil(16) {
-            // SAFETY: a prefetch of an address inside the tile's corner.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(c.add(r * c_rs + h * 16).cast::<i8>()) };
-        }
-    }
-    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    for q in 0..pairs {
-        // SAFETY: `q < pairs`, so both loads and every broadcast are inside the panels.
-        unsafe {
-            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(q * NR).cast()));
-            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(q * NR + 16).cast()));
-            _mm_prefetch::<_MM_HINT_T1>(pn.add(q * NR).cast::<i8>());
-            _mm_prefetch::<_MM_HINT_T1>(pn.add(q * NR + 16).cast::<i8>());
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let x: __m512bh =
-                    std::mem::transmute(_mm512_set1_epi32(*pa.add(q * MR + r) as i32));
-                acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
-                acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
-            }
-        }
-    }
-    for (r, acc) in acc.iter().enumerate().take(height) {
-        for (h, v) in acc.iter().enumerate() {
-            let cols = width.saturating_sub(h * 16).min(16);
-            if cols == 0 {
-                continue;
-            }
-            let mask: __mmask16 = if cols == 16 {
-                0xffff
-            } else {
-                (1u16 << cols) - 1
-            };
-            // SAFETY: the `cols` elements at this row and offset lie inside the tile's corner.
-            unsafe {
-                let at = c.add(r * c_rs + h * 16);
-                let out = if first {
-                    *v
-                } else {
-                    _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), *v)
-                };
-                _mm512_mask_storeu_ps(at, mask, out);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

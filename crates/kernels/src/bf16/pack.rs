@@ -43,7 +43,7 @@ pub(crate) fn round_bits(x: f32) -> u16 {
 /// Reduction pairs per packed block (`2 * KC2` elements of the reduction).
 pub(super) const KC2: usize = 128;
 /// An element the packing reads: its bf16 bits (an f32 rounded, a bf16 as it is).
-trait Bits: Copy {
+pub(super) trait Bits: Copy {
     fn bits(self) -> u32;
 }
 

@@ -21,7 +21,7 @@ use burn::backend::flex::FlexTensor;
 use half::bf16;
 
 use super::pack::{KC2, Operand, pack_all};
-use super::{NR, Path, bf16_path};
+use super::{NR, bf16_path};
 use crate::mm::Threads;
 
 /// A right operand `[k, n]` packed for the kernel: for each reduction block `kb` (of `2 * KC2`
@@ -103,7 +103,7 @@ pub fn keep_packed_weights() -> PackedWeights {
 /// Keep `tensor` (a bf16 weight whose elements are `elements`) if a guard lives and the CPU has
 /// the kernel, so that its products may use a packed copy ([`packed`]).
 pub(crate) fn retain(tensor: &FlexTensor, elements: &[bf16]) {
-    if bf16_path() != Path::Avx512Bf16 {
+    if !bf16_path().has_kernel() {
         return;
     }
     if let Some(r) = registry().as_mut() {

@@ -47,21 +47,61 @@ fn rounding_is_round_to_nearest_even() {
 /// Which path this machine runs, printed, and consistent with the CPU's features.
 #[test]
 fn the_path_follows_the_cpu() {
-    let path = bf16_path();
-    println!("bf16 products on this CPU: {path:?}");
-    #[cfg(target_arch = "x86_64")]
-    assert_eq!(
-        path == Path::Avx512Bf16,
-        std::arch::is_x86_feature_detected!("avx512bf16")
-            && std::arch::is_x86_feature_detected!("avx512f")
+    let path = detected_bf16_path();
+    println!(
+        "bf16 products on this CPU: {path:?} (running {:?})",
+        bf16_path()
     );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512bf16 = std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512f");
+        assert_eq!(has_bf16_path(Path::Avx512Bf16), avx512bf16);
+        assert_eq!(
+            path == Path::Avx512Bf16,
+            avx512bf16 && !has_bf16_path(Path::Amx)
+        );
+        // AMX-BF16 and AMX-TILE from `cpuid` leaf 7 (EDX bits 22 and 24); the path needs Linux's
+        // permission too, which a CPU with them may withhold.
+        // SAFETY: `cpuid` exists on every x86-64 CPU.
+        #[allow(unused_unsafe)]
+        let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0).edx };
+        let amx = (edx >> 22) & 1 == 1 && (edx >> 24) & 1 == 1;
+        if path == Path::Amx {
+            assert!(amx, "AMX path without the CPU's AMX");
+        }
+        println!("cpuid: AMX-BF16 and AMX-TILE {amx}, AVX512-BF16 {avx512bf16}");
+    }
+    assert!(bf16_path() <= path);
+}
+
+/// `QWEN_BURN_BF16_KERNEL` takes the paths this CPU has and refuses the others by name.
+#[test]
+fn the_kernel_variable_names_the_paths_this_cpu_has() {
+    let with = path_named;
+    assert_eq!(with("").unwrap(), detected_bf16_path());
+    assert_eq!(with("emulated").unwrap(), Path::Emulated);
+    for p in [Path::Avx512Bf16, Path::Amx] {
+        let r = with(p.name());
+        if has_bf16_path(p) {
+            assert_eq!(r.unwrap(), p);
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains(BF16_KERNEL_VAR) && e.contains(p.name()), "{e}");
+        }
+    }
+    let e = with("avx512").unwrap_err().to_string();
+    assert!(e.contains("\"avx512\"") && e.contains("emulated"), "{e}");
 }
 
 /// Every path, layout, dtype, edge and accumulation equals the exact product of the rounded
 /// operands to within f32 accumulation error.
 #[test]
 fn bf16_products_equal_the_product_of_the_rounded_operands() {
-    let paths = [bf16_path(), Path::Emulated];
+    let paths: Vec<Path> = [Path::Emulated, Path::Avx512Bf16, Path::Amx]
+        .into_iter()
+        .filter(|p| has_bf16_path(*p))
+        .collect();
     println!("paths: {paths:?}");
     let shapes = [
         (1, 1, 1),
@@ -71,6 +111,9 @@ fn bf16_products_equal_the_product_of_the_rounded_operands() {
         (97, 70, 385),
         (200, 520, 400),
         (5, 1100, 900),
+        (64, 64, 512),
+        (33, 65, 33),
+        (130, 96, 290),
     ];
     for (m, n, k) in shapes {
         for a_t in [false, true] {
@@ -78,7 +121,7 @@ fn bf16_products_equal_the_product_of_the_rounded_operands() {
                 for b_bf16 in [false, true] {
                     for accumulate in [false, true] {
                         for threads in [Threads::All, Threads::One] {
-                            for path in paths {
+                            for &path in &paths {
                                 check(path, (m, n, k), (a_t, b_t, b_bf16), accumulate, threads);
                             }
                         }
@@ -149,7 +192,12 @@ fn check(
             for p in 0..k {
                 exact += widen(round_bits(a[i * a_rs + p * a_cs])) * b_at(p, j);
             }
-            worst = worst.max((found - exact).abs());
+            // A NaN counts as off by infinity (`max` would skip it).
+            worst = worst.max(if found.is_nan() {
+                f64::INFINITY
+            } else {
+                (found - exact).abs()
+            });
         }
     }
     let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
@@ -160,11 +208,11 @@ fn check(
     );
 }
 
-/// The kernel's tasks: a short product (up to 16 row panels) is one row block, a tall one is cut
-/// into blocks of at most 16 panels; column blocks are 4 to 16 panels wide.
+/// The kernel's tasks: a short product (up to 192 rows) is one row block, a tall one is cut into
+/// blocks of at most 192 rows; column blocks are 4 to 16 panels wide.
 #[test]
 fn blocking_cuts_products_into_tasks() {
-    for threads in [Threads::All, Threads::One] {
+    for (threads, mr) in [(Threads::All, MR), (Threads::One, MR), (Threads::All, 32)] {
         for (row_panels, col_panels) in [
             (1, 1),
             (11, 32),
@@ -174,14 +222,15 @@ fn blocking_cuts_products_into_tasks() {
             (171, 8),
             (43, 192),
         ] {
-            let (row_blocks, nc) = blocking(row_panels, col_panels, threads);
+            let (row_blocks, nc) = blocking(row_panels, col_panels, mr, threads);
             let what = format!(
                 "{row_panels} x {col_panels} panels, {threads:?}: {row_blocks} row blocks, {nc} columns"
             );
             assert!(nc % NR == 0 && (4 * NR..=NC).contains(&nc), "{what}");
             assert!((1..=row_panels).contains(&row_blocks), "{what}");
-            assert!(row_panels.div_ceil(row_blocks) <= 16, "{what}");
-            if row_panels <= 16 {
+            let most = MAX_ROWS / mr;
+            assert!(row_panels.div_ceil(row_blocks) <= most, "{what}");
+            if row_panels <= most {
                 assert_eq!(row_blocks, 1, "{what}");
             }
         }

@@ -186,7 +186,7 @@ pub fn bench_train(
                 .lora
                 .as_ref()
                 .is_some_and(|l| l.base_dtype == BaseDtype::Bf16))
-        && qwen_burn_kernels::bf16_path() == qwen_burn_kernels::Bf16Path::Avx512Bf16;
+        && qwen_burn_kernels::bf16_path().has_kernel();
     let bf16_peak = if bf16_products {
         in_pool(|| qwen_burn_kernels::bf16_peak_flops(2048, 3))
     } else {
@@ -195,6 +195,7 @@ pub fn bench_train(
     Ok(json!({
         "bench": "train",
         "precision": t.precision,
+        "bf16_kernel": qwen_burn_kernels::bf16_path().name(),
         "bf16_peak_tflops": bf16_peak.map(|p| p / 1e12),
         "mfu_of_bf16_peak": bf16_peak.map(|p| tps * flops / p),
         "device": devices.name(),
@@ -310,6 +311,7 @@ pub fn bench_generate(
     let (prefill_tps, decode_tps) = run(true)?;
     let mut result = json!({
         "bench": "generate",
+        "bf16_kernel": qwen_burn_kernels::bf16_path().name(),
         "device": device_name,
         "params": model.config.num_params(),
         "prompt_len": prompt_len,

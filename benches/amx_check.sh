@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# bf16 on a CPU with AMX (issue 41), on a lent device machine's host CPU (an Intel Xeon with
+# AMX-BF16 and AVX512-BF16, 16 cores; its PyTorch, transformers and PEFT are preinstalled). Four
+# jobs run at once, each pinned to two cores of their own (one thread a core), each alternating
+# its sides, so that the machine's other load and the neighbouring jobs hit both sides alike:
+#   (first, on every core: the kernels' bf16 tests)
+#   A: one projection per kernel (f32, AVX512-BF16, AMX); `bench train`
+#      of bench-dense at f32 and at mixed precision on each kernel; LoRA 1.7B on each kernel
+#   B: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py)
+#   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
+#   D: mixed-precision training against torch.autocast (compare_bf16.py train)
+# Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary)
+# and bf16_projection (the example), stripped, each as NAME or NAME.xz.
+# Usage: benches/amx_check.sh DIR OUT [SECONDS_PER_JOB]
+set -uo pipefail
+D=$1; OUT=$2; LIMIT=${3:-420}
+mkdir -p "$OUT" /tmp/amx-bin
+for f in qwen-burn kernels-tests bf16_projection; do
+  if [ -f "$D/$f" ]; then cp "$D/$f" /tmp/amx-bin/$f; else
+    python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" "$D/$f.xz" /tmp/amx-bin/$f
+  fi
+  chmod +x /tmp/amx-bin/$f
+done
+B=/tmp/amx-bin/qwen-burn; export B
+export QWEN_BURN_BIN=$B PYTHONUNBUFFERED=1
+{
+  lscpu
+  echo "--- siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort -u | tr '\n' ' '; echo
+  python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'capability', torch.backends.cpu.get_cpu_capability(), 'transformers', transformers.__version__, 'peft', peft.__version__)"
+} > "$OUT/machine.txt" 2>&1
+grep -E "Model name|^CPU\(s\)|Thread" "$OUT/machine.txt"; grep -o "amx[a-z0-9_]*\|avx512_bf16" "$OUT/machine.txt" | sort -u | tr '\n' ' '; echo; tail -n 1 "$OUT/machine.txt"
+# One CPU of each physical core, then pairs of them.
+mapfile -t CORES < <(for c in /sys/devices/system/cpu/cpu[0-9]*; do sed 's/[,-].*//' "$c/topology/thread_siblings_list"; done | sort -un)
+pair() { echo "${CORES[$((2 * $1))]},${CORES[$((2 * $1 + 1))]}"; }
+echo "pairs: $(pair 0) | $(pair 1) | $(pair 2) | $(pair 3)"
+fig() { local l m; l=$(tail -n 1); m=$(grep -o '"bf16_kernel":"[a-z0-9]*"\|"tokens_per_sec":[0-9.]*\|"step_ms_median":[0-9.]*\|"peak_rss_mb":[0-9.]*\|"mfu":[0-9.]*\|"mfu_of_bf16_peak":[0-9.]*\|"bf16_peak_tflops":[0-9.]*' <<< "$l" | tr '\n' ' '); echo "${m:-$l}"; }
+# The kernels' bf16 tests first, on every core: where they fail, the comparisons run on the
+# AVX512-BF16 kernel instead of the default (the best this CPU has).
+echo "== kernel tests"
+if /tmp/amx-bin/kernels-tests bf16 --nocapture > "$OUT/tests.log" 2>&1; then unset QWEN_BURN_BF16_KERNEL; else export QWEN_BURN_BF16_KERNEL=avx512bf16; fi
+grep -E "bf16 products|cpuid|paths|test |result|panicked|off by" "$OUT/tests.log" | head -40
+echo "comparisons on the kernel: ${QWEN_BURN_BF16_KERNEL:-default}"
+job_a() {
+  for r in 1 2; do
+    for k in avx512bf16 amx; do
+      echo "== projection round $r, $k"
+      QWEN_BURN_BF16_KERNEL=$k /tmp/amx-bin/bf16_projection 512 2048x2048 2048x6144 6144x2048 2>&1
+    done
+  done
+  for r in 1 2; do
+    for s in f32:avx512bf16 bf16:avx512bf16 bf16:amx; do
+      echo -n "bench-dense round $r precision ${s%%:*} kernel ${s##*:}: "
+      QWEN_BURN_BF16_KERNEL=${s##*:} $B bench train --config configs/bench-dense.toml --steps 5 --warmup 2 --set "training.precision=\"${s%%:*}\"" --json 2>&1 | fig
+    done
+  done
+  for k in amx avx512bf16; do
+    echo -n "lora-1.7b kernel $k: "
+    QWEN_BURN_BF16_KERNEL=$k $B bench train --config configs/bench-lora-1.7b.toml --steps 3 --warmup 1 --json 2>&1 | fig
+  done
+}
+job_b() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 2 --steps 3 --warmup 1 --threads 2; }
+job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 2 --threads 2; }
+job_d() { python3 benches/compare_bf16.py --jobs train --rounds 2 --threads 2; }
+T0=$(date +%s)
+i=0
+for j in a b c d; do
+  ( export -f job_$j fig; timeout "$LIMIT" taskset -c "$(pair $i)" bash -c "job_$j" > "$OUT/job_$j.log" 2>&1; echo "job $j exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/job_$j.log" ) &
+  i=$((i + 1))
+done
+wait
+for j in a b c d; do echo "===== job $j"; cat "$OUT/job_$j.log"; done

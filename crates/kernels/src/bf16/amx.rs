@@ -1,0 +1,374 @@
+//! The bf16 products on AMX (Intel Sapphire Rapids and later): `tdpbf16ps` multiplies a tile of
+//! 16 rows x 32 bf16 of `a` by 32 x 16 of `b` (pairs of the reduction, as [`super::pack`] packs
+//! them) into a 16 x 16 f32 tile, 16 times the multiply-adds of one `vdpbf16ps`.
+//!
+//! Rust's AMX intrinsics and `is_x86_feature_detected!("amx-bf16")` are unstable (Rust 1.95),
+//! and neither `gemm` nor Burn has an AMX product, so the instructions are written with `asm!`
+//! (stable; the assembler knows them) and the CPU is asked with `cpuid`. Linux gives a process
+//! the tiles' 8 KiB of register state only after `arch_prctl(ARCH_REQ_XCOMP_PERM)`.
+//!
+//! The register tile is 32 x 32 of `c`: four accumulator tiles (`tmm0`-`tmm3`), two tiles of
+//! `a` (`tmm4`, `tmm5`: rows 0-15 and 16-31) and two of `b` (`tmm6`, `tmm7`: columns 0-15 and
+//! 16-31 of a packed panel, whose rows of 32 words are 128 bytes apart).
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::pack::Operand;
+use crate::mm::Threads;
+
+/// Rows of `c` per register tile (and of `a` per packed panel).
+pub(super) const MR: usize = 32;
+/// Reduction pairs per `tdpbf16ps` (a tile row of 64 bytes).
+pub(super) const STEP: usize = 16;
+
+/// Whether this CPU and kernel let this process use AMX-BF16 (asked once).
+pub(super) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect() -> bool {
+    use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
+    #[allow(unused_unsafe)]
+    // SAFETY: `cpuid` exists on every x86-64 CPU; leaf 7 is read only where the CPU has it.
+    let (max, leaf7) = unsafe {
+        let max = __get_cpuid_max(0).0;
+        (max, (max >= 7).then(|| __cpuid_count(7, 0)))
+    };
+    let Some(leaf7) = leaf7 else { return false };
+    let (amx_bf16, amx_tile) = ((leaf7.edx >> 22) & 1 == 1, (leaf7.edx >> 24) & 1 == 1);
+    if max < 7 || !amx_bf16 || !amx_tile || !std::arch::is_x86_feature_detected!("avx512f") {
+        return false;
+    }
+    // Ask Linux for the tile data state (XFEATURE_XTILEDATA, 18); it refuses where it cannot
+    // save it (an older kernel, a hypervisor that hides it).
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a system call that only changes this process's permissions.
+    let status = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    status == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect() -> bool {
+    false
+}
+
+/// The tile configuration: palette 1, the eight tiles of 16 rows x 64 bytes.
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+const CONFIG: Config = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = 16;
+        t += 1;
+    }
+    Config(c)
+};
+
+/// The tiles configured on this thread for [`tile`]; they are released when it drops.
+pub(super) struct Tiles(());
+
+impl Tiles {
+    /// # Safety
+    /// AMX is [`available`].
+    #[cfg(target_arch = "x86_64")]
+    pub(super) unsafe fn configure() -> Self {
+        // SAFETY: AMX is available (the caller's promise); the configuration is 64 bytes.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly))
+        };
+        Tiles(())
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the tiles were configured on this thread (`Tiles` is not `Send`: the raw
+        // unit field makes no promise, but only `configure` makes one and it never leaves the
+        // task that made it).
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem))
+        };
+    }
+}
+
+/// `a`'s rows `0..m` (row `i`, reduction index `p` at `x[i * rs + p * cs]`), the reduction from
+/// `p0` for `len`, packed as the tiles [`block_tiles`] reads: panels of [`MR`] rows, each
+/// `[pp / STEP][MR][STEP]` words (pp = `len` in pairs, rounded up to [`STEP`]), so that a step's
+/// two tiles of `a` are 2 KiB in a row (rows of a row-major block, far apart, would each be a
+/// stream of their own); the bf16 of an even reduction index in a word's low half. Rows past
+/// `m` and pairs past `len` are zero, so whole tiles may be read. Returns pp.
+pub(super) fn pack_rows(
+    x: Operand<'_>,
+    (rs, cs): (usize, usize),
+    m: usize,
+    p0: usize,
+    len: usize,
+    out: &mut [u32],
+    threads: Threads,
+) -> usize {
+    let pp = len.div_ceil(2).div_ceil(STEP) * STEP;
+    let out = &mut out[..m.div_ceil(MR) * MR * pp];
+    let job = |(panel, words): (usize, &mut [u32])| {
+        words.fill(0);
+        let halves: &mut [u16] = bytemuck::cast_slice_mut(words);
+        let rows = MR.min(m - panel * MR);
+        let i0 = panel * MR;
+        match x {
+            Operand::F32(s, ..) => rows_of(s, (rs, cs), (i0, rows), p0, len, halves),
+            Operand::Bf16(s, ..) => rows_of(s, (rs, cs), (i0, rows), p0, len, halves),
+        }
+    };
+    let chunks = out.chunks_mut(MR * pp);
+    match threads {
+        Threads::All => chunks
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .enumerate()
+            .for_each(job),
+        Threads::One => chunks.enumerate().for_each(job),
+    }
+    pp
+}
+
+/// [`pack_rows`] of one panel and element type, into 16-bit halves: reduction index `p` of row
+/// `r` at `(p / 32) * 32 * MR + r * 32 + p % 32`; with the reduction contiguous (`cs == 1`) row
+/// by row, else reduction index by index (a transposed `a`'s rows are then contiguous).
+fn rows_of<T: super::pack::Bits>(
+    s: &[T],
+    (rs, cs): (usize, usize),
+    (i0, rows): (usize, usize),
+    p0: usize,
+    len: usize,
+    out: &mut [u16],
+) {
+    const HALVES: usize = 2 * STEP;
+    if cs == 1 {
+        for r in 0..rows {
+            let src = &s[(i0 + r) * rs + p0..][..len];
+            for (c, run) in src.chunks(HALVES).enumerate() {
+                let dst = &mut out[c * HALVES * MR + r * HALVES..][..run.len()];
+                for (o, &v) in dst.iter_mut().zip(run) {
+                    *o = v.bits() as u16;
+                }
+            }
+        }
+    } else {
+        for p in 0..len {
+            let at = (p / HALVES) * HALVES * MR + p % HALVES;
+            for r in 0..rows {
+                out[at + r * HALVES] = s[(i0 + r) * rs + (p0 + p) * cs].bits() as u16;
+            }
+        }
+    }
+}
+
+/// The tiles of one task in one reduction block of `pairs` pairs: for each column panel in
+/// `panels` (of `pb`, each `[pairs][NR]` words) and each row panel of the task (of `pa`, packed
+/// by [`pack_rows`]), `c += a @ b` (or `c = a @ b` when `first`) on the `rows` x `cols` of `c`
+/// that lie in the destination, where `c` points at column 0 of row 0 with rows `c_rs` apart.
+///
+/// `run` is [`tile`] (or, in tests, a model of it).
+///
+/// # Safety
+/// [`Tiles`] configured on this thread; `pa` and `pb` hold the block's panels; `c` valid for
+/// reads and writes of the task's rows (`rows`) and of the columns of `panels` below `cols`,
+/// and no other reference to them live.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn block_tiles(
+    pairs: usize,
+    pa: &[u32],
+    pb: &[u32],
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    cols: usize,
+    (c, c_rs): (*mut f32, usize),
+    first: bool,
+    run: TileFn,
+) {
+    use super::NR;
+    let pp = pairs.div_ceil(STEP) * STEP;
+    let (steps, whole) = (pp / STEP, pairs / STEP);
+    let mut last = [0u32; STEP * NR];
+    let mut acc = Acc([0.0; MR * NR]);
+    for jp in panels.clone() {
+        let bp = &pb[jp * pairs * NR..(jp + 1) * pairs * NR];
+        // A step past the panel's last whole one reads its rows from a copy padded with zeros
+        // (the panel's next words belong to another panel, or to nothing).
+        if whole < steps {
+            let tail = &bp[whole * STEP * NR..];
+            last[..tail.len()].copy_from_slice(tail);
+            last[tail.len()..].fill(0);
+        }
+        if let Some(next) =
+            (jp + 1 < panels.end).then(|| &pb[(jp + 1) * pairs * NR..][..pairs * NR])
+        {
+            for line in next.chunks(16) {
+                // SAFETY: a prefetch of an address inside the packed buffer.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                        line.as_ptr().cast::<i8>(),
+                    )
+                };
+            }
+        }
+        let width = NR.min(cols - jp * NR);
+        for r in (rows.start / MR)..rows.end.div_ceil(MR) {
+            let ap = &pa[r * MR * pp..(r + 1) * MR * pp];
+            let height = MR.min(rows.end - r * MR);
+            let at = c.wrapping_add(r * MR * c_rs + jp * NR);
+            let direct = height == MR && width == NR;
+            if !direct && !first {
+                for i in 0..height {
+                    // SAFETY: row `i` of the tile's corner lies in the destination.
+                    let row = unsafe { std::slice::from_raw_parts(at.add(i * c_rs), width) };
+                    acc.0[i * NR..i * NR + width].copy_from_slice(row);
+                }
+            }
+            let (out, out_rs) = if direct {
+                (at, c_rs)
+            } else {
+                (acc.0.as_mut_ptr(), NR)
+            };
+            let args = TileArgs {
+                steps,
+                whole,
+                a: ap.as_ptr(),
+                b: bp.as_ptr(),
+                last: last.as_ptr(),
+                c: out,
+                c_rs: out_rs * 4,
+                zero: first,
+            };
+            // SAFETY: the tiles are configured (the caller's promise); each step's rows lie in
+            // the packed panels (`MR x STEP` words of `a` a step, `pairs` rows of `b`, the rest
+            // from `last`); `out` is the destination's full tile or the accumulator.
+            unsafe { run(args) };
+            if !direct {
+                for i in 0..height {
+                    // SAFETY: as above.
+                    let row = unsafe { std::slice::from_raw_parts_mut(at.add(i * c_rs), width) };
+                    row.copy_from_slice(&acc.0[i * NR..i * NR + width]);
+                }
+            }
+        }
+    }
+}
+
+/// A 32 x 32 accumulator for the tiles at the destination's edges.
+#[repr(C, align(64))]
+struct Acc([f32; MR * super::NR]);
+
+/// One register tile's operands: `steps` steps of [`STEP`] pairs; step `s` reads its two tiles
+/// of `a` at `a + s * STEP * MR` words (rows 64 bytes apart), and `b` at `b + s * STEP * NR`
+/// words for `s < whole`, else at `last` (rows 128 bytes apart); `c` becomes `c + a @ b`, or
+/// `a @ b` when `zero`, its 32 rows `c_rs` bytes apart.
+#[derive(Clone, Copy)]
+pub(super) struct TileArgs {
+    pub(super) steps: usize,
+    pub(super) whole: usize,
+    pub(super) a: *const u32,
+    pub(super) b: *const u32,
+    pub(super) last: *const u32,
+    pub(super) c: *mut f32,
+    pub(super) c_rs: usize,
+    pub(super) zero: bool,
+}
+
+/// A register tile's work ([`tile`]).
+pub(super) type TileFn = unsafe fn(TileArgs);
+
+/// The 32 x 32 register tile on AMX: four accumulators, two tiles of `a` and two of `b`.
+///
+/// # Safety
+/// [`Tiles`] configured on this thread; every step's 32 rows of `a` (64 bytes each) and 16
+/// rows of `b` (128 bytes each) readable; `c` valid for reads and writes of 32 rows of 128
+/// bytes.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn tile(t: TileArgs) {
+    use std::arch::asm;
+    // SAFETY: the tiles are configured and `c` readable (the caller's promise).
+    unsafe {
+        if t.zero {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+        } else {
+            asm!(
+                "tileloadd tmm0, [{c} + {s}*1]",
+                "tileloadd tmm1, [{c} + {s}*1 + 64]",
+                "tileloadd tmm2, [{c16} + {s}*1]",
+                "tileloadd tmm3, [{c16} + {s}*1 + 64]",
+                c = in(reg) t.c,
+                c16 = in(reg) t.c.byte_add(16 * t.c_rs),
+                s = in(reg) t.c_rs,
+                options(nostack, readonly)
+            );
+        }
+    }
+    let a_rs = 4 * STEP;
+    for s in 0..t.steps {
+        let a = t.a.wrapping_add(s * STEP * MR);
+        let b = if s < t.whole {
+            t.b.wrapping_add(s * STEP * super::NR)
+        } else {
+            t.last
+        };
+        // SAFETY: the step's rows of `a` and `b` are readable (the caller's promise).
+        unsafe {
+            asm!(
+                "tileloadd tmm4, [{a} + {sa}*1]",
+                "tileloadd tmm6, [{b} + {sb}*1]",
+                "tileloadd tmm7, [{b} + {sb}*1 + 64]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm5, [{a16} + {sa}*1]",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                a = in(reg) a,
+                a16 = in(reg) a.byte_add(16 * a_rs),
+                sa = in(reg) a_rs,
+                b = in(reg) b,
+                sb = in(reg) 128usize,
+                options(nostack, readonly)
+            );
+        }
+    }
+    // SAFETY: `c` is writable (the caller's promise).
+    unsafe {
+        asm!(
+            "tilestored [{c} + {s}*1], tmm0",
+            "tilestored [{c} + {s}*1 + 64], tmm1",
+            "tilestored [{c16} + {s}*1], tmm2",
+            "tilestored [{c16} + {s}*1 + 64], tmm3",
+            c = in(reg) t.c,
+            c16 = in(reg) t.c.byte_add(16 * t.c_rs),
+            s = in(reg) t.c_rs,
+            options(nostack)
+        );
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+#[path = "amx_tests.rs"]
+mod tests;

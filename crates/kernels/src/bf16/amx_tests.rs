@@ -1,0 +1,137 @@
+//! The AMX path's packing and tile walk, with the tile modelled ([`super`]).
+use super::super::NR;
+use super::super::pack::{KC2, pack_all, round_bits};
+use super::*;
+
+/// [`tile`] in scalar code, on any CPU: `tdpbf16ps`'s sums of pairs of bf16 products.
+///
+/// # Safety
+/// As [`tile`], without the tiles.
+unsafe fn tile_model(t: TileArgs) {
+    let widen = |w: u32, hi: bool| f32::from_bits(if hi { w & 0xffff_0000 } else { w << 16 });
+    for i in 0..MR {
+        for j in 0..NR {
+            // SAFETY: inside the accumulator (the caller's promise).
+            let c = unsafe { &mut *t.c.byte_add(i * t.c_rs).add(j) };
+            let mut sum = if t.zero { 0.0 } else { *c };
+            for s in 0..t.steps {
+                let b = if s < t.whole {
+                    t.b.wrapping_add(s * STEP * NR)
+                } else {
+                    t.last
+                };
+                for q in 0..STEP {
+                    // SAFETY: inside the step's tiles (the caller's promise).
+                    let (x, y) =
+                        unsafe { (*t.a.add(s * STEP * MR + i * STEP + q), *b.add(q * NR + j)) };
+                    sum += widen(x, false) * widen(y, false) + widen(x, true) * widen(y, true);
+                }
+            }
+            *c = sum;
+        }
+    }
+}
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| ((i * 2_654_435_761 + seed * 40_503) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+/// The AMX path's packing of `a` and its walk over tiles, edges and partial steps (with the
+/// tile modelled, so that it runs on any CPU) equal the exact product of the rounded operands.
+#[test]
+fn amx_tiles_cover_the_product() {
+    let widen = |x: f32| f64::from(f32::from_bits(u32::from(round_bits(x)) << 16));
+    for (m, n, k) in [
+        (1, 1, 1),
+        (31, 33, 31),
+        (32, 32, 32),
+        (70, 100, 300),
+        (64, 40, 513),
+    ] {
+        for a_t in [false, true] {
+            let a = values(m * k, 1);
+            let b = values(k * n, 2);
+            let (a_rs, a_cs) = if a_t { (1, m) } else { (k, 1) };
+            let c_rs = n + 3;
+            let start = values(m * c_rs, 3);
+            for accumulate in [false, true] {
+                let mut c = start.clone();
+                let kc = 2 * KC2;
+                for (kb, p0) in (0..k).step_by(kc).enumerate() {
+                    let len = kc.min(k - p0);
+                    let pairs = len.div_ceil(2);
+                    let mut pa = vec![7u32; m.div_ceil(MR) * MR * KC2];
+                    let pp = pack_rows(
+                        Operand::F32(&a, a_rs, a_cs),
+                        (a_rs, a_cs),
+                        m,
+                        p0,
+                        len,
+                        &mut pa,
+                        Threads::One,
+                    );
+                    assert_eq!(pp, pairs.div_ceil(STEP) * STEP);
+                    // Past the packed panels: NaNs, which a step must not read.
+                    let mut pb = vec![0xffc0_ffc0u32; n.div_ceil(NR) * NR * KC2];
+                    pack_all(
+                        Operand::F32(&b, n, 1),
+                        (1, n),
+                        (0, n),
+                        p0,
+                        len,
+                        NR,
+                        &mut pb,
+                        Threads::One,
+                    );
+                    let first = kb == 0 && !accumulate;
+                    // SAFETY: the model needs no tiles; the destination holds `m` rows of
+                    // `n` at stride `c_rs`.
+                    unsafe {
+                        block_tiles(
+                            pairs,
+                            &pa,
+                            &pb,
+                            0..m,
+                            0..n.div_ceil(NR),
+                            n,
+                            (c.as_mut_ptr(), c_rs),
+                            first,
+                            tile_model,
+                        )
+                    };
+                }
+                let mut worst = 0.0f64;
+                for i in 0..m {
+                    for j in 0..c_rs {
+                        let found = f64::from(c[i * c_rs + j]);
+                        if j >= n {
+                            assert_eq!(found, f64::from(start[i * c_rs + j]), "column {j} written");
+                            continue;
+                        }
+                        let mut exact = if accumulate {
+                            f64::from(start[i * c_rs + j])
+                        } else {
+                            0.0
+                        };
+                        for p in 0..k {
+                            exact += widen(a[i * a_rs + p * a_cs]) * widen(b[p * n + j]);
+                        }
+                        // A NaN counts as off by infinity (`max` would skip it).
+                        worst = worst.max(if found.is_nan() {
+                            f64::INFINITY
+                        } else {
+                            (found - exact).abs()
+                        });
+                    }
+                }
+                let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
+                assert!(
+                    worst <= tolerance,
+                    "{m}x{n}x{k} a_t={a_t} accumulate={accumulate}: off by {worst:e}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The bf16 products' register tile on AVX512-BF16 ([`super`]).
+
+use super::{MR, NR};
+
+/// One `MR x NR` register tile over `pairs` reduction pairs: `c = acc` when `first`, else
+/// `c += acc`, for the `height x width` corner that lies in the destination; `next` (a panel
+/// of `b` a later tile reads) is fetched into L2 meanwhile.
+///
+/// # Safety
+/// AVX512-BF16 present; `a`, `b` and `next` hold `pairs * MR`, `pairs * NR` and `pairs * NR`
+/// words; `c` valid for reads and writes of `height` rows of `width` elements at row stride
+/// `c_rs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    pairs: usize,
+    a: &[u32],
+    b: &[u32],
+    next: Option<&[u32]>,
+    c: *mut f32,
+    c_rs: usize,
+    height: usize,
+    width: usize,
+    first: bool,
+) {
+    use std::arch::x86_64::*;
+    assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
+    // Without a next panel, the prefetches touch this one (in L1 already).
+    let next = next.unwrap_or(b);
+    assert!(next.len() >= pairs * NR);
+    let pn = next.as_ptr();
+    // The destination tile's lines, fetched while the products run: rows of a wide `c` are
+    // far apart, and a miss on each of them at the end would stall the tile.
+    for r in 0..height {
+        for h in 0..width.div_ceil(16) {
+            // SAFETY: a prefetch of an address inside the tile's corner.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(c.add(r * c_rs + h * 16).cast::<i8>()) };
+        }
+    }
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    for q in 0..pairs {
+        // SAFETY: `q < pairs`, so both loads and every broadcast are inside the panels.
+        unsafe {
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(q * NR).cast()));
+            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(q * NR + 16).cast()));
+            _mm_prefetch::<_MM_HINT_T1>(pn.add(q * NR).cast::<i8>());
+            _mm_prefetch::<_MM_HINT_T1>(pn.add(q * NR + 16).cast::<i8>());
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(*pa.add(q * MR + r) as i32));
+                acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
+                acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate().take(height) {
+        for (h, v) in acc.iter().enumerate() {
+            let cols = width.saturating_sub(h * 16).min(16);
+            if cols == 0 {
+                continue;
+            }
+            let mask: __mmask16 = if cols == 16 {
+                0xffff
+            } else {
+                (1u16 << cols) - 1
+            };
+            // SAFETY: the `cols` elements at this row and offset lie inside the tile's corner.
+            unsafe {
+                let at = c.add(r * c_rs + h * 16);
+                let out = if first {
+                    *v
+                } else {
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), *v)
+                };
+                _mm512_mask_storeu_ps(at, mask, out);
+            }
+        }
+    }
+}
