@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # bf16 on a CPU with AMX (issue 41), on a lent device machine's host CPU (an Intel Xeon with
 # AMX-BF16 and AVX512-BF16, 16 cores; its PyTorch, transformers and PEFT are preinstalled). Four
-# jobs run at once, each pinned to two cores of their own (one thread a core), each alternating
+# jobs run at once (and the tests), each pinned to two cores of their own (one thread a core), each alternating
 # its sides, so that the machine's other load and the neighbouring jobs hit both sides alike:
-#   (first, on every core: the kernels' bf16 tests)
-#   A: one projection per kernel (f32, AVX512-BF16, AMX); `bench train`
-#      of bench-dense at f32 and at mixed precision on each kernel; LoRA 1.7B on each kernel
+#   T: the kernels' bf16 tests (every path this CPU has)
+#   A: one projection (f32, bf16 on AVX512-BF16, bf16 on AMX, bf16 with the weight packed once);
+#      `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
 #   B: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py)
 #   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
 #   D: mixed-precision training against torch.autocast (compare_bf16.py train)
@@ -34,38 +34,29 @@ mapfile -t CORES < <(for c in /sys/devices/system/cpu/cpu[0-9]*; do sed 's/[,-].
 pair() { echo "${CORES[$((2 * $1))]},${CORES[$((2 * $1 + 1))]}"; }
 echo "pairs: $(pair 0) | $(pair 1) | $(pair 2) | $(pair 3)"
 fig() { local l m; l=$(tail -n 1); m=$(grep -o '"bf16_kernel":"[a-z0-9]*"\|"tokens_per_sec":[0-9.]*\|"step_ms_median":[0-9.]*\|"peak_rss_mb":[0-9.]*\|"mfu":[0-9.]*\|"mfu_of_bf16_peak":[0-9.]*\|"bf16_peak_tflops":[0-9.]*' <<< "$l" | tr '\n' ' '); echo "${m:-$l}"; }
-# The kernels' bf16 tests first, on every core: where they fail, the comparisons run on the
-# AVX512-BF16 kernel instead of the default (the best this CPU has).
-echo "== kernel tests"
-if /tmp/amx-bin/kernels-tests bf16 --nocapture > "$OUT/tests.log" 2>&1; then unset QWEN_BURN_BF16_KERNEL; else export QWEN_BURN_BF16_KERNEL=avx512bf16; fi
-grep -E "bf16 products|cpuid|paths|test |result|panicked|off by" "$OUT/tests.log" | head -40
-echo "comparisons on the kernel: ${QWEN_BURN_BF16_KERNEL:-default}"
+job_t() { /tmp/amx-bin/kernels-tests bf16 --nocapture 2>&1 | grep -E "bf16 products|cpuid|paths|test |result|panicked|off by"; }
 job_a() {
-  for r in 1 2; do
+  for r in 1; do
     for k in avx512bf16 amx; do
       echo "== projection round $r, $k"
       QWEN_BURN_BF16_KERNEL=$k /tmp/amx-bin/bf16_projection 512 2048x2048 2048x6144 6144x2048 2>&1
     done
   done
-  for r in 1 2; do
-    for s in f32:avx512bf16 bf16:avx512bf16 bf16:amx; do
+  for r in 1 2 3; do
+    for s in f32:amx bf16:amx; do
       echo -n "bench-dense round $r precision ${s%%:*} kernel ${s##*:}: "
       QWEN_BURN_BF16_KERNEL=${s##*:} $B bench train --config configs/bench-dense.toml --steps 5 --warmup 2 --set "training.precision=\"${s%%:*}\"" --json 2>&1 | fig
     done
   done
-  for k in amx avx512bf16; do
-    echo -n "lora-1.7b kernel $k: "
-    QWEN_BURN_BF16_KERNEL=$k $B bench train --config configs/bench-lora-1.7b.toml --steps 3 --warmup 1 --json 2>&1 | fig
-  done
 }
-job_b() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 2 --steps 3 --warmup 1 --threads 2; }
-job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 2 --threads 2; }
+job_b() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 2 --steps 2 --warmup 1 --threads 2; }
+job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 1 --threads 2; }
 job_d() { python3 benches/compare_bf16.py --jobs train --rounds 2 --threads 2; }
 T0=$(date +%s)
 i=0
-for j in a b c d; do
+for j in a b c d t; do
   ( export -f job_$j fig; timeout "$LIMIT" taskset -c "$(pair $i)" bash -c "job_$j" > "$OUT/job_$j.log" 2>&1; echo "job $j exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/job_$j.log" ) &
   i=$((i + 1))
 done
 wait
-for j in a b c d; do echo "===== job $j"; cat "$OUT/job_$j.log"; done
+for j in t a b c d; do echo "===== job $j"; cat "$OUT/job_$j.log"; done

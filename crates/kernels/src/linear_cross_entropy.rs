@@ -147,7 +147,13 @@ pub fn linear_cross_entropy(
 
 /// Rows per chunk: a logits buffer of about 16 MB, but never fewer than 256 rows (thinner
 /// products run far below the gemm's peak) nor more than 512 (measured in `benches/README.md`).
-fn chunk_rows(v: usize) -> usize {
+/// A bf16 table (a frozen LoRA base) takes 512: each chunk packs the whole table for the bf16
+/// kernel, twice, so that fewer chunks pack it fewer times (the buffer of the Qwen3 vocabulary
+/// then holds 311 MB instead of 156).
+fn chunk_rows(v: usize, bf16_table: bool) -> usize {
+    if bf16_table {
+        return 512;
+    }
     ((1 << 22) / v.max(1)).clamp(256, 512)
 }
 
@@ -179,7 +185,8 @@ fn run(
     let grads = want.0 || want.1;
     let mut dh = vec![0.0f32; if want.0 { n * d } else { 0 }];
     let mut dw = vec![0.0f32; if want.1 { d * v } else { 0 }];
-    let rows = chunk_rows(v).min(n.max(1));
+    let bf16_table = matches!(wm, crate::products::Matrix::Bf16(_));
+    let rows = chunk_rows(v, bf16_table).min(n.max(1));
     let mut logits = vec![0.0f32; rows * v];
     let mut row_nll = vec![0.0f32; rows];
     let mut loss = 0.0f64;

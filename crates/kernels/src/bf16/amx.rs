@@ -178,59 +178,67 @@ fn rows_of<T: super::pack::Bits>(
     }
 }
 
-/// The tiles of one task in one reduction block of `pairs` pairs: for each column panel in
-/// `panels` (of `pb`, each `[pairs][NR]` words) and each row panel of the task (of `pa`, packed
-/// by [`pack_rows`]), `c += a @ b` (or `c = a @ b` when `first`) on the `rows` x `cols` of `c`
-/// that lie in the destination, where `c` points at column 0 of row 0 with rows `c_rs` apart.
-///
-/// `run` is [`tile`] (or, in tests, a model of it).
+/// Reduction blocks whose sums stay in the tiles (the accumulators are loaded and stored once
+/// per group): two blocks of `b`'s panel, 32 KiB, stay in the L1 cache across the row tiles.
+pub(super) const GROUP: usize = 2;
+
+/// One reduction block of a task's tiles: its pairs, packed `a` (by [`pack_rows`]) and packed
+/// `b` (panels of `[pairs][NR]` words).
+pub(super) struct Block<'a> {
+    pub(super) pairs: usize,
+    pub(super) pa: &'a [u32],
+    pub(super) pb: &'a [u32],
+}
+
+/// The tiles of one task over a group of consecutive reduction blocks: for each column panel
+/// in `panels` and each row panel of the task, `c += a @ b` (or `c = a @ b` when `first`) on
+/// the `rows` x `cols` of `c` that lie in the destination, where `c` points at column 0 of row
+/// 0 with rows `c_rs` apart. `ops` are [`TILE`] (or, in tests, a model of it).
 ///
 /// # Safety
-/// [`Tiles`] configured on this thread; `pa` and `pb` hold the block's panels; `c` valid for
+/// [`Tiles`] configured on this thread; the blocks hold their packed panels; `c` valid for
 /// reads and writes of the task's rows (`rows`) and of the columns of `panels` below `cols`,
 /// and no other reference to them live.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn block_tiles(
-    pairs: usize,
-    pa: &[u32],
-    pb: &[u32],
+    blocks: &[Block<'_>],
     rows: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
     cols: usize,
     (c, c_rs): (*mut f32, usize),
     first: bool,
-    run: TileFn,
+    ops: &TileOps,
 ) {
     use super::NR;
-    let pp = pairs.div_ceil(STEP) * STEP;
-    let (steps, whole) = (pp / STEP, pairs / STEP);
-    let mut last = [0u32; STEP * NR];
+    assert!(blocks.len() <= GROUP);
+    let mut last = [[0u32; STEP * NR]; GROUP];
     let mut acc = Acc([0.0; MR * NR]);
     for jp in panels.clone() {
-        let bp = &pb[jp * pairs * NR..(jp + 1) * pairs * NR];
-        // A step past the panel's last whole one reads its rows from a copy padded with zeros
-        // (the panel's next words belong to another panel, or to nothing).
-        if whole < steps {
-            let tail = &bp[whole * STEP * NR..];
-            last[..tail.len()].copy_from_slice(tail);
-            last[tail.len()..].fill(0);
-        }
-        if let Some(next) =
-            (jp + 1 < panels.end).then(|| &pb[(jp + 1) * pairs * NR..][..pairs * NR])
-        {
-            for line in next.chunks(16) {
-                // SAFETY: a prefetch of an address inside the packed buffer.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                        line.as_ptr().cast::<i8>(),
-                    )
-                };
+        for (block, last) in blocks.iter().zip(last.iter_mut()) {
+            let bp = &block.pb[jp * block.pairs * NR..(jp + 1) * block.pairs * NR];
+            // A step past the panel's last whole one reads its rows from a copy padded with
+            // zeros (the panel's next words belong to another panel, or to nothing).
+            let whole = block.pairs / STEP;
+            if whole * STEP < block.pairs {
+                let tail = &bp[whole * STEP * NR..];
+                last[..tail.len()].copy_from_slice(tail);
+                last[tail.len()..].fill(0);
+            }
+            if jp + 1 < panels.end {
+                let next = &block.pb[(jp + 1) * block.pairs * NR..][..block.pairs * NR];
+                for line in next.chunks(16) {
+                    // SAFETY: a prefetch of an address inside the packed buffer.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                            line.as_ptr().cast::<i8>(),
+                        )
+                    };
+                }
             }
         }
         let width = NR.min(cols - jp * NR);
         for r in (rows.start / MR)..rows.end.div_ceil(MR) {
-            let ap = &pa[r * MR * pp..(r + 1) * MR * pp];
             let height = MR.min(rows.end - r * MR);
             let at = c.wrapping_add(r * MR * c_rs + jp * NR);
             let direct = height == MR && width == NR;
@@ -242,24 +250,27 @@ pub(super) unsafe fn block_tiles(
                 }
             }
             let (out, out_rs) = if direct {
-                (at, c_rs)
+                (at, c_rs * 4)
             } else {
-                (acc.0.as_mut_ptr(), NR)
+                (acc.0.as_mut_ptr(), NR * 4)
             };
-            let args = TileArgs {
-                steps,
-                whole,
-                a: ap.as_ptr(),
-                b: bp.as_ptr(),
-                last: last.as_ptr(),
-                c: out,
-                c_rs: out_rs * 4,
-                zero: first,
-            };
-            // SAFETY: the tiles are configured (the caller's promise); each step's rows lie in
-            // the packed panels (`MR x STEP` words of `a` a step, `pairs` rows of `b`, the rest
-            // from `last`); `out` is the destination's full tile or the accumulator.
-            unsafe { run(args) };
+            // SAFETY (of the three calls): the tiles are configured (the caller's promise);
+            // each step's rows lie in the packed panels (`MR x STEP` words of `a` a step,
+            // `pairs` rows of `b`, the rest from `last`); `out` is the destination's full tile
+            // or the accumulator.
+            unsafe { (ops.start)(out, out_rs, first) };
+            for (block, last) in blocks.iter().zip(&last) {
+                let pp = block.pairs.div_ceil(STEP) * STEP;
+                let args = Steps {
+                    steps: pp / STEP,
+                    whole: block.pairs / STEP,
+                    a: block.pa[r * MR * pp..(r + 1) * MR * pp].as_ptr(),
+                    b: block.pb[jp * block.pairs * NR..].as_ptr(),
+                    last: last.as_ptr(),
+                };
+                unsafe { (ops.steps)(args) };
+            }
+            unsafe { (ops.finish)(out, out_rs) };
             if !direct {
                 for i in 0..height {
                     // SAFETY: as above.
@@ -275,37 +286,44 @@ pub(super) unsafe fn block_tiles(
 #[repr(C, align(64))]
 struct Acc([f32; MR * super::NR]);
 
-/// One register tile's operands: `steps` steps of [`STEP`] pairs; step `s` reads its two tiles
+/// One block's steps of [`STEP`] pairs into the accumulator tiles: step `s` reads its two tiles
 /// of `a` at `a + s * STEP * MR` words (rows 64 bytes apart), and `b` at `b + s * STEP * NR`
-/// words for `s < whole`, else at `last` (rows 128 bytes apart); `c` becomes `c + a @ b`, or
-/// `a @ b` when `zero`, its 32 rows `c_rs` bytes apart.
+/// words for `s < whole`, else at `last` (rows 128 bytes apart).
 #[derive(Clone, Copy)]
-pub(super) struct TileArgs {
+pub(super) struct Steps {
     pub(super) steps: usize,
     pub(super) whole: usize,
     pub(super) a: *const u32,
     pub(super) b: *const u32,
     pub(super) last: *const u32,
-    pub(super) c: *mut f32,
-    pub(super) c_rs: usize,
-    pub(super) zero: bool,
 }
 
-/// A register tile's work ([`tile`]).
-pub(super) type TileFn = unsafe fn(TileArgs);
+/// The register tile's work: `start` loads the 32 x 32 accumulators from `c` (rows `c_rs`
+/// bytes apart; zeros when the flag says so), `steps` adds one block's products, `finish`
+/// stores them back.
+pub(super) struct TileOps {
+    pub(super) start: unsafe fn(*mut f32, usize, bool),
+    pub(super) steps: unsafe fn(Steps),
+    pub(super) finish: unsafe fn(*mut f32, usize),
+}
 
-/// The 32 x 32 register tile on AMX: four accumulators, two tiles of `a` and two of `b`.
-///
-/// # Safety
-/// [`Tiles`] configured on this thread; every step's 32 rows of `a` (64 bytes each) and 16
-/// rows of `b` (128 bytes each) readable; `c` valid for reads and writes of 32 rows of 128
-/// bytes.
+/// The register tile on AMX: four accumulators (`tmm0`-`tmm3`), two tiles of `a` (`tmm4`,
+/// `tmm5`) and two of `b` (`tmm6`, `tmm7`).
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn tile(t: TileArgs) {
+pub(super) const TILE: TileOps = TileOps {
+    start,
+    steps,
+    finish,
+};
+
+/// # Safety
+/// [`Tiles`] configured on this thread; unless `zero`, `c` readable for 32 rows of 128 bytes.
+#[cfg(target_arch = "x86_64")]
+unsafe fn start(c: *mut f32, c_rs: usize, zero: bool) {
     use std::arch::asm;
     // SAFETY: the tiles are configured and `c` readable (the caller's promise).
     unsafe {
-        if t.zero {
+        if zero {
             asm!(
                 "tilezero tmm0",
                 "tilezero tmm1",
@@ -319,13 +337,21 @@ pub(super) unsafe fn tile(t: TileArgs) {
                 "tileloadd tmm1, [{c} + {s}*1 + 64]",
                 "tileloadd tmm2, [{c16} + {s}*1]",
                 "tileloadd tmm3, [{c16} + {s}*1 + 64]",
-                c = in(reg) t.c,
-                c16 = in(reg) t.c.byte_add(16 * t.c_rs),
-                s = in(reg) t.c_rs,
+                c = in(reg) c,
+                c16 = in(reg) c.byte_add(16 * c_rs),
+                s = in(reg) c_rs,
                 options(nostack, readonly)
             );
         }
     }
+}
+
+/// # Safety
+/// [`Tiles`] configured on this thread; every step's 32 rows of `a` (64 bytes each) and 16
+/// rows of `b` (128 bytes each) readable.
+#[cfg(target_arch = "x86_64")]
+unsafe fn steps(t: Steps) {
+    use std::arch::asm;
     let a_rs = 4 * STEP;
     for s in 0..t.steps {
         let a = t.a.wrapping_add(s * STEP * MR);
@@ -354,6 +380,13 @@ pub(super) unsafe fn tile(t: TileArgs) {
             );
         }
     }
+}
+
+/// # Safety
+/// [`Tiles`] configured on this thread; `c` writable for 32 rows of 128 bytes.
+#[cfg(target_arch = "x86_64")]
+unsafe fn finish(c: *mut f32, c_rs: usize) {
+    use std::arch::asm;
     // SAFETY: `c` is writable (the caller's promise).
     unsafe {
         asm!(
@@ -361,9 +394,9 @@ pub(super) unsafe fn tile(t: TileArgs) {
             "tilestored [{c} + {s}*1 + 64], tmm1",
             "tilestored [{c16} + {s}*1], tmm2",
             "tilestored [{c16} + {s}*1 + 64], tmm3",
-            c = in(reg) t.c,
-            c16 = in(reg) t.c.byte_add(16 * t.c_rs),
-            s = in(reg) t.c_rs,
+            c = in(reg) c,
+            c16 = in(reg) c.byte_add(16 * c_rs),
+            s = in(reg) c_rs,
             options(nostack)
         );
     }

@@ -3,33 +3,73 @@ use super::super::NR;
 use super::super::pack::{KC2, pack_all, round_bits};
 use super::*;
 
-/// [`tile`] in scalar code, on any CPU: `tdpbf16ps`'s sums of pairs of bf16 products.
-///
+thread_local! {
+    /// The model's four accumulator tiles, 32 x 32.
+    static MODEL_ACC: std::cell::RefCell<[[f32; NR]; MR]> =
+        const { std::cell::RefCell::new([[0.0; NR]; MR]) };
+}
+
+/// [`TILE`] in scalar code, on any CPU: `tdpbf16ps`'s sums of pairs of bf16 products, the
+/// accumulators in a thread's array.
+const MODEL: TileOps = TileOps {
+    start: model_start,
+    steps: model_steps,
+    finish: model_finish,
+};
+
 /// # Safety
-/// As [`tile`], without the tiles.
-unsafe fn tile_model(t: TileArgs) {
-    let widen = |w: u32, hi: bool| f32::from_bits(if hi { w & 0xffff_0000 } else { w << 16 });
-    for i in 0..MR {
-        for j in 0..NR {
-            // SAFETY: inside the accumulator (the caller's promise).
-            let c = unsafe { &mut *t.c.byte_add(i * t.c_rs).add(j) };
-            let mut sum = if t.zero { 0.0 } else { *c };
-            for s in 0..t.steps {
-                let b = if s < t.whole {
-                    t.b.wrapping_add(s * STEP * NR)
+/// As [`TILE`]'s, without the tiles.
+unsafe fn model_start(c: *mut f32, c_rs: usize, zero: bool) {
+    MODEL_ACC.with_borrow_mut(|acc| {
+        for (i, row) in acc.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                // SAFETY: inside the accumulator (the caller's promise).
+                *v = if zero {
+                    0.0
                 } else {
-                    t.last
+                    unsafe { *c.byte_add(i * c_rs).add(j) }
                 };
-                for q in 0..STEP {
-                    // SAFETY: inside the step's tiles (the caller's promise).
-                    let (x, y) =
-                        unsafe { (*t.a.add(s * STEP * MR + i * STEP + q), *b.add(q * NR + j)) };
-                    sum += widen(x, false) * widen(y, false) + widen(x, true) * widen(y, true);
+            }
+        }
+    });
+}
+
+/// # Safety
+/// As [`TILE`]'s, without the tiles.
+unsafe fn model_steps(t: Steps) {
+    let widen = |w: u32, hi: bool| f32::from_bits(if hi { w & 0xffff_0000 } else { w << 16 });
+    MODEL_ACC.with_borrow_mut(|acc| {
+        for (i, row) in acc.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                for s in 0..t.steps {
+                    let b = if s < t.whole {
+                        t.b.wrapping_add(s * STEP * NR)
+                    } else {
+                        t.last
+                    };
+                    for q in 0..STEP {
+                        // SAFETY: inside the step's tiles (the caller's promise).
+                        let (x, y) =
+                            unsafe { (*t.a.add(s * STEP * MR + i * STEP + q), *b.add(q * NR + j)) };
+                        *v += widen(x, false) * widen(y, false) + widen(x, true) * widen(y, true);
+                    }
                 }
             }
-            *c = sum;
         }
-    }
+    });
+}
+
+/// # Safety
+/// As [`TILE`]'s, without the tiles.
+unsafe fn model_finish(c: *mut f32, c_rs: usize) {
+    MODEL_ACC.with_borrow(|acc| {
+        for (i, row) in acc.iter().enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                // SAFETY: inside the accumulator (the caller's promise).
+                unsafe { *c.byte_add(i * c_rs).add(j) = *v };
+            }
+        }
+    });
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -49,6 +89,7 @@ fn amx_tiles_cover_the_product() {
         (32, 32, 32),
         (70, 100, 300),
         (64, 40, 513),
+        (40, 64, 1100),
     ] {
         for a_t in [false, true] {
             let a = values(m * k, 1);
@@ -59,7 +100,9 @@ fn amx_tiles_cover_the_product() {
             for accumulate in [false, true] {
                 let mut c = start.clone();
                 let kc = 2 * KC2;
-                for (kb, p0) in (0..k).step_by(kc).enumerate() {
+                // Every reduction block packed, then the tiles over groups of blocks.
+                let mut packed = Vec::new();
+                for p0 in (0..k).step_by(kc) {
                     let len = kc.min(k - p0);
                     let pairs = len.div_ceil(2);
                     let mut pa = vec![7u32; m.div_ceil(MR) * MR * KC2];
@@ -85,20 +128,29 @@ fn amx_tiles_cover_the_product() {
                         &mut pb,
                         Threads::One,
                     );
-                    let first = kb == 0 && !accumulate;
+                    packed.push((pairs, pa, pb));
+                }
+                for (g, group) in packed.chunks(GROUP).enumerate() {
+                    let blocks: Vec<Block<'_>> = group
+                        .iter()
+                        .map(|(pairs, pa, pb)| Block {
+                            pairs: *pairs,
+                            pa,
+                            pb,
+                        })
+                        .collect();
+                    let first = g == 0 && !accumulate;
                     // SAFETY: the model needs no tiles; the destination holds `m` rows of
                     // `n` at stride `c_rs`.
                     unsafe {
                         block_tiles(
-                            pairs,
-                            &pa,
-                            &pb,
+                            &blocks,
                             0..m,
                             0..n.div_ceil(NR),
                             n,
                             (c.as_mut_ptr(), c_rs),
                             first,
-                            tile_model,
+                            &MODEL,
                         )
                     };
                 }

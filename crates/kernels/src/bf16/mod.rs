@@ -351,31 +351,39 @@ unsafe fn blocked(
                 let panels = (c0 / NR)..(c0 + width_all).div_ceil(NR);
                 // SAFETY: AMX is present where the path is (the caller's promise).
                 let _tiles = (path == Path::Amx).then(|| unsafe { amx::Tiles::configure() });
+                if path == Path::Amx {
+                    for g0 in (0..blocks).step_by(amx::GROUP) {
+                        let group: Vec<amx::Block<'_>> = (g0..blocks.min(g0 + amx::GROUP))
+                            .map(|kb| amx::Block {
+                                pairs: kc.min(k_len - kb * kc).div_ceil(2),
+                                pa: &packed_a[kb * a_block..],
+                                pb: &pb_all[kb * b_block..],
+                            })
+                            .collect();
+                        let first = k0 == 0 && g0 == 0 && !accumulate;
+                        let (row_range, c) = (i0..i0 + rows, (dst.at(j0), c_rs));
+                        // SAFETY: the tiles are configured; the blocks hold the packed
+                        // panels; the task's rows and columns lie in the destination (the
+                        // caller's promise) and are this task's alone.
+                        unsafe {
+                            amx::block_tiles(
+                                &group,
+                                row_range,
+                                panels.clone(),
+                                cols,
+                                c,
+                                first,
+                                &amx::TILE,
+                            )
+                        };
+                    }
+                    return;
+                }
                 for kb in 0..blocks {
                     let len = kc.min(k_len - kb * kc);
                     let pairs = len.div_ceil(2);
                     let first = k0 == 0 && kb == 0 && !accumulate;
                     let (pa, pb) = (&packed_a[kb * a_block..], &pb_all[kb * b_block..]);
-                    if path == Path::Amx {
-                        // SAFETY: the tiles are configured; the blocks hold the packed panels;
-                        // the task's rows and columns lie in the destination (the caller's
-                        // promise) and are this task's alone.
-                        unsafe {
-                            let c = (dst.at(j0), c_rs);
-                            amx::block_tiles(
-                                pairs,
-                                pa,
-                                pb,
-                                i0..i0 + rows,
-                                panels.clone(),
-                                cols,
-                                c,
-                                first,
-                                amx::tile,
-                            )
-                        };
-                        continue;
-                    }
                     for jp in panels.clone() {
                         let bp = &pb[jp * pairs * NR..(jp + 1) * pairs * NR];
                         // The next panel, fetched into L2 during this panel's first tile: a

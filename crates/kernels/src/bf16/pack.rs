@@ -253,8 +253,10 @@ fn pack_lanes_generic(
 }
 
 /// [`pack_lanes`] of one element type: with the reduction contiguous (`ps == 1`: a row-major
-/// activation, a transposed weight) each lane's run becomes 16-bit words whose pairs are the
-/// packed words; otherwise element by element.
+/// activation, a transposed weight) blocks of 8 lanes x 8 pairs are read lane by lane and
+/// written pair by pair (a transpose the compiler does in registers), and the rest of each
+/// lane's run becomes 16-bit words whose pairs are the packed words; otherwise element by
+/// element.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn lanes_of<T: Bits>(
@@ -267,15 +269,47 @@ fn lanes_of<T: Bits>(
     width: usize,
     out: &mut [u32],
 ) {
+    const B: usize = 8;
     let pairs = len.div_ceil(2);
     if count < width {
         out.fill(0);
+    }
+    // The blocks: lanes `..blocked_lanes`, pairs `..blocked_pairs` (whole pairs only).
+    let (blocked_lanes, blocked_pairs) = if ps == 1 && width.is_multiple_of(B) {
+        (count / B * B, len / 2 / B * B)
+    } else {
+        (0, 0)
+    };
+    for l0 in (0..blocked_lanes).step_by(B) {
+        let rows: [&[T]; B] =
+            std::array::from_fn(|i| &s[(lane0 + l0 + i) * ls + p0..][..2 * blocked_pairs]);
+        for q0 in (0..blocked_pairs).step_by(B) {
+            let mut block = [[0u32; B]; B];
+            for (row, words) in rows.iter().zip(block.iter_mut()) {
+                let run = &row[2 * q0..2 * q0 + 2 * B];
+                for (w, pair) in words.iter_mut().zip(run.chunks_exact(2)) {
+                    *w = pair[0].bits() | (pair[1].bits() << 16);
+                }
+            }
+            for q in 0..B {
+                let o = &mut out[(q0 + q) * width + l0..][..B];
+                for (o, words) in o.iter_mut().zip(&block) {
+                    *o = words[q];
+                }
+            }
+        }
     }
     // A lane's words, written as 16-bit halves: on x86 (little-endian), the first of two halves
     // is a word's low half, the even reduction index.
     let mut words = [0u32; KC2];
     for l in 0..count {
-        let at = (lane0 + l) * ls + p0 * ps;
+        // Pairs the blocks wrote for this lane.
+        let q0 = if l < blocked_lanes { blocked_pairs } else { 0 };
+        if q0 == pairs {
+            continue;
+        }
+        let at = (lane0 + l) * ls + (p0 + 2 * q0) * ps;
+        let (len, pairs) = (len - 2 * q0, pairs - q0);
         words[pairs - 1] = 0;
         let halves: &mut [u16] = bytemuck::cast_slice_mut(&mut words[..pairs]);
         if ps == 1 {
@@ -287,7 +321,11 @@ fn lanes_of<T: Bits>(
                 *r = s[at + p * ps].bits() as u16;
             }
         }
-        for (o, &w) in out[l..].iter_mut().step_by(width).zip(&words[..pairs]) {
+        for (o, &w) in out[q0 * width + l..]
+            .iter_mut()
+            .step_by(width)
+            .zip(&words[..pairs])
+        {
             *o = w;
         }
     }

@@ -236,3 +236,88 @@ fn blocking_cuts_products_into_tasks() {
         }
     }
 }
+
+/// Packing equals its definition (panels of `width` lanes, `[pairs][width]` words, an even
+/// reduction index in the low half, zeros past the lanes and the reduction) for both layouts
+/// of the source, both element types, blocks of 8 x 8 and their remainders.
+#[test]
+fn packing_equals_its_definition() {
+    use super::pack::pack_all;
+    // A reduction of at most `2 * KC2` (one packed block).
+    let (rows, cols) = (70, 250);
+    let x32 = values(rows * cols, 5);
+    let x16: Vec<half::bf16> = x32.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    for bf16_src in [false, true] {
+        for lanes_contiguous in [false, true] {
+            // Lanes are rows (reduction contiguous) or columns (lanes contiguous) of x.
+            let (ls, ps) = if lanes_contiguous {
+                (1, cols)
+            } else {
+                (cols, 1)
+            };
+            let x = if bf16_src {
+                Operand::Bf16(&x16, 0, 0)
+            } else {
+                Operand::F32(&x32, 0, 0)
+            };
+            let bits = |l: usize, p: usize| -> u32 {
+                let at = l * ls + p * ps;
+                u32::from(if bf16_src {
+                    x16[at].to_bits()
+                } else {
+                    round_bits(x32[at])
+                })
+            };
+            let (all_lanes, all_len) = if lanes_contiguous {
+                (cols, rows)
+            } else {
+                (rows, cols)
+            };
+            for (lane0, lanes, p0, len, width) in [
+                (0, all_lanes, 0, all_len, 32),
+                (3, 29, 1, 37, 32),
+                (8, 40, 16, 33, 12),
+                (0, 17, 0, 16, 32),
+                (1, 5, 2, 1, 8),
+            ] {
+                let pairs = len.div_ceil(2);
+                let panels = lanes.div_ceil(width);
+                let mut out = vec![0xdead_beefu32; panels * pairs * width];
+                for threads in [Threads::All, Threads::One] {
+                    pack_all(
+                        x,
+                        (ls, ps),
+                        (lane0, lanes),
+                        p0,
+                        len,
+                        width,
+                        &mut out,
+                        threads,
+                    );
+                    for panel in 0..panels {
+                        for q in 0..pairs {
+                            for l in 0..width {
+                                let lane = panel * width + l;
+                                let word = |p: usize| {
+                                    if lane < lanes && p < len {
+                                        bits(lane0 + lane, p0 + p)
+                                    } else {
+                                        0
+                                    }
+                                };
+                                let expected = word(2 * q) | (word(2 * q + 1) << 16);
+                                let found = out[(panel * pairs + q) * width + l];
+                                assert_eq!(
+                                    found, expected,
+                                    "bf16 {bf16_src}, lanes contiguous {lanes_contiguous}, \
+                                     {lanes} lanes from {lane0}, {len} from {p0}, width {width}: \
+                                     panel {panel} pair {q} lane {l}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
