@@ -5,10 +5,11 @@
 # its sides, so that the machine's other load and the neighbouring jobs hit both sides alike:
 #   T: the kernels' bf16 tests (every path this CPU has)
 #   A: one projection (f32, bf16 on AVX512-BF16, bf16 on AMX, bf16 with the weight packed once);
-#      `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
+#      LoRA 1.7B; `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
 #   B: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py)
 #   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
 #   D: mixed-precision training against torch.autocast (compare_bf16.py train)
+#   P: a perf profile of the LoRA 1.7B step, where DIR holds perf.tar.xz
 # Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary)
 # and bf16_projection (the example), stripped, each as NAME or NAME.xz.
 # Usage: benches/amx_check.sh DIR OUT [SECONDS_PER_JOB]
@@ -42,6 +43,8 @@ job_a() {
       QWEN_BURN_BF16_KERNEL=$k /tmp/amx-bin/bf16_projection 512 2048x2048 2048x6144 6144x2048 2>&1
     done
   done
+  echo -n "lora-1.7b kernel amx: "
+  $B bench train --config configs/bench-lora-1.7b.toml --steps 2 --warmup 1 --json 2>&1 | fig
   for r in 1 2 3; do
     for s in f32:amx bf16:amx; do
       echo -n "bench-dense round $r precision ${s%%:*} kernel ${s##*:}: "
@@ -49,14 +52,24 @@ job_a() {
     done
   done
 }
+# A profile of the LoRA step (perf's cpu-clock samples), where DIR holds perf.tar.xz: perf and
+# the libraries it needs besides glibc's, from this machine (the lent machines have no perf).
+job_p() {
+  [ -f "$D/perf.tar.xz" ] || { echo "no perf.tar.xz: no profile"; return 0; }
+  mkdir -p /tmp/perfb && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$D/perf.tar.xz" /tmp/perfb
+  echo -n "lora-1.7b under perf: "
+  LD_LIBRARY_PATH=/tmp/perfb/lib /tmp/perfb/perf record -q -e cpu-clock -F 499 -o /tmp/perf.data -- $B bench train --config configs/bench-lora-1.7b.toml --steps 2 --warmup 1 --json 2>&1 | fig
+  LD_LIBRARY_PATH=/tmp/perfb/lib /tmp/perfb/perf report -i /tmp/perf.data --stdio --sort symbol --percent-limit 0.4 2>&1 | grep -v "^#" | grep -v "^$" | cut -c1-150 | head -60
+}
 job_b() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 2 --steps 2 --warmup 1 --threads 2; }
 job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 1 --threads 2; }
 job_d() { python3 benches/compare_bf16.py --jobs train --rounds 2 --threads 2; }
 T0=$(date +%s)
 i=0
-for j in a b c d t; do
+export D
+for j in a b c d t p; do
   ( export -f job_$j fig; timeout "$LIMIT" taskset -c "$(pair $i)" bash -c "job_$j" > "$OUT/job_$j.log" 2>&1; echo "job $j exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/job_$j.log" ) &
   i=$((i + 1))
 done
 wait
-for j in t a b c d; do echo "===== job $j"; cat "$OUT/job_$j.log"; done
+for j in t a b c d p; do echo "===== job $j"; cat "$OUT/job_$j.log"; done
