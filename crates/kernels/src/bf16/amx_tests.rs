@@ -1,6 +1,7 @@
 //! The AMX path's packing and tile walk, with the tile modelled ([`super`]).
 use super::super::NR;
 use super::super::pack::{KC2, pack_all, round_bits};
+use super::super::tests::{values, widen, worst_error};
 use super::*;
 
 thread_local! {
@@ -37,7 +38,7 @@ unsafe fn model_start(c: *mut f32, c_rs: usize, zero: bool) {
 /// # Safety
 /// As [`TILE`]'s, without the tiles.
 unsafe fn model_steps(t: Steps) {
-    let widen = |w: u32, hi: bool| f32::from_bits(if hi { w & 0xffff_0000 } else { w << 16 });
+    let half = |w: u32, hi: bool| f32::from_bits(if hi { w & 0xffff_0000 } else { w << 16 });
     MODEL_ACC.with_borrow_mut(|acc| {
         for (i, row) in acc.iter_mut().enumerate() {
             for (j, v) in row.iter_mut().enumerate() {
@@ -51,7 +52,7 @@ unsafe fn model_steps(t: Steps) {
                         // SAFETY: inside the step's tiles (the caller's promise).
                         let (x, y) =
                             unsafe { (*t.a.add(s * STEP * MR + i * STEP + q), *b.add(q * NR + j)) };
-                        *v += widen(x, false) * widen(y, false) + widen(x, true) * widen(y, true);
+                        *v += half(x, false) * half(y, false) + half(x, true) * half(y, true);
                     }
                 }
             }
@@ -72,17 +73,10 @@ unsafe fn model_finish(c: *mut f32, c_rs: usize) {
     });
 }
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| ((i * 2_654_435_761 + seed * 40_503) % 2001) as f32 / 1000.0 - 1.0)
-        .collect()
-}
-
 /// The AMX path's packing of `a` and its walk over tiles, edges and partial steps (with the
 /// tile modelled, so that it runs on any CPU) equal the exact product of the rounded operands.
 #[test]
 fn amx_tiles_cover_the_product() {
-    let widen = |x: f32| f64::from(f32::from_bits(u32::from(round_bits(x)) << 16));
     for (m, n, k) in [
         (1, 1, 1),
         (31, 33, 31),
@@ -154,30 +148,9 @@ fn amx_tiles_cover_the_product() {
                         )
                     };
                 }
-                let mut worst = 0.0f64;
-                for i in 0..m {
-                    for j in 0..c_rs {
-                        let found = f64::from(c[i * c_rs + j]);
-                        if j >= n {
-                            assert_eq!(found, f64::from(start[i * c_rs + j]), "column {j} written");
-                            continue;
-                        }
-                        let mut exact = if accumulate {
-                            f64::from(start[i * c_rs + j])
-                        } else {
-                            0.0
-                        };
-                        for p in 0..k {
-                            exact += widen(a[i * a_rs + p * a_cs]) * widen(b[p * n + j]);
-                        }
-                        // A NaN counts as off by infinity (`max` would skip it).
-                        worst = worst.max(if found.is_nan() {
-                            f64::INFINITY
-                        } else {
-                            (found - exact).abs()
-                        });
-                    }
-                }
+                let a_at = |i: usize, p: usize| widen(round_bits(a[i * a_rs + p * a_cs]));
+                let b_at = |p: usize, j: usize| widen(round_bits(b[p * n + j]));
+                let worst = worst_error((m, n, k), (&c, &start, c_rs), accumulate, a_at, b_at);
                 let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
                 assert!(
                     worst <= tolerance,

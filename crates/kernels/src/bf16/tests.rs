@@ -3,13 +3,13 @@ use super::*;
 use crate::mm::Threads;
 
 /// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     (0..n as u64)
         .map(|i| ((i * 2_654_435_761 + seed * 40_503) % 2001) as f32 / 1000.0 - 1.0)
         .collect()
 }
 
-fn widen(bits: u16) -> f64 {
+pub(super) fn widen(bits: u16) -> f64 {
     f64::from(f32::from_bits(u32::from(bits) << 16))
 }
 
@@ -172,6 +172,26 @@ fn check(
         accumulate,
         threads,
     );
+    let a_at = |i: usize, p: usize| widen(round_bits(a[i * a_rs + p * a_cs]));
+    let worst = worst_error((m, n, k), (&c, &start, c_rs), accumulate, a_at, b_at);
+    let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
+    assert!(
+        worst <= tolerance,
+        "{path:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} bf16={b_bf16} accumulate={accumulate} \
+         {threads:?}: off by {worst:e} (tolerance {tolerance:e})"
+    );
+}
+
+/// The largest distance of `c` (`m` rows at stride `c_rs`, written over `start`) from the
+/// exact `[m, k] @ [k, n]` of `a_at(i, p)` and `b_at(p, j)` (plus `start` when `accumulate`),
+/// a NaN counting as infinitely far; the columns past `n` must be `start`'s.
+pub(super) fn worst_error(
+    (m, n, k): (usize, usize, usize),
+    (c, start, c_rs): (&[f32], &[f32], usize),
+    accumulate: bool,
+    a_at: impl Fn(usize, usize) -> f64,
+    b_at: impl Fn(usize, usize) -> f64,
+) -> f64 {
     let mut worst = 0.0f64;
     for i in 0..m {
         for j in 0..c_rs {
@@ -190,7 +210,7 @@ fn check(
                 0.0
             };
             for p in 0..k {
-                exact += widen(round_bits(a[i * a_rs + p * a_cs])) * b_at(p, j);
+                exact += a_at(i, p) * b_at(p, j);
             }
             // A NaN counts as off by infinity (`max` would skip it).
             worst = worst.max(if found.is_nan() {
@@ -200,12 +220,7 @@ fn check(
             });
         }
     }
-    let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
-    assert!(
-        worst <= tolerance,
-        "{path:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} bf16={b_bf16} accumulate={accumulate} \
-         {threads:?}: off by {worst:e} (tolerance {tolerance:e})"
-    );
+    worst
 }
 
 /// The kernel's tasks: a short product (up to 192 rows) is one row block, a tall one is cut into
