@@ -80,7 +80,7 @@ const CONFIG: Config = {
 };
 
 /// The tiles configured on this thread for [`tile`]; they are released when it drops.
-pub(super) struct Tiles(());
+pub(super) struct Tiles(std::marker::PhantomData<*const ()>);
 
 impl Tiles {
     /// # Safety
@@ -91,16 +91,15 @@ impl Tiles {
         unsafe {
             std::arch::asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly))
         };
-        Tiles(())
+        Tiles(std::marker::PhantomData)
     }
 }
 
 impl Drop for Tiles {
     fn drop(&mut self) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the tiles were configured on this thread (`Tiles` is not `Send`: the raw
-        // unit field makes no promise, but only `configure` makes one and it never leaves the
-        // task that made it).
+        // SAFETY: only `configure` (on a CPU with AMX) makes a `Tiles`, and it is neither
+        // `Send` nor `Sync`: it drops on the thread whose tiles it configured.
         unsafe {
             std::arch::asm!("tilerelease", options(nostack, nomem))
         };
