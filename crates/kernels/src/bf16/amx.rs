@@ -133,14 +133,9 @@ pub(super) fn pack_rows(
             Operand::Bf16(s, ..) => rows_of(s, (rs, cs), (i0, rows), p0, len, halves),
         }
     };
-    let chunks = out.chunks_mut(MR * pp);
     match threads {
-        Threads::All => chunks
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .enumerate()
-            .for_each(job),
-        Threads::One => chunks.enumerate().for_each(job),
+        Threads::All => out.par_chunks_mut(MR * pp).enumerate().for_each(job),
+        Threads::One => out.chunks_mut(MR * pp).enumerate().for_each(job),
     }
     pp
 }

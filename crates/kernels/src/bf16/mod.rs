@@ -27,8 +27,6 @@ mod prepack;
 
 use pack::{KC2, pack_all};
 pub(crate) use pack::{Operand, round_bits};
-#[cfg(test)]
-use path::path_named;
 pub use path::{
     BF16_KERNEL_VAR, Bf16KernelError, Path, bf16_path, chosen_bf16_path, detected_bf16_path,
     has_bf16_path,
@@ -349,9 +347,9 @@ unsafe fn blocked(
                 let (i0, rows) = row_block(ib);
                 let (c0, width_all) = (jb * nc, nc.min(cols - jb * nc));
                 let panels = (c0 / NR)..(c0 + width_all).div_ceil(NR);
-                // SAFETY: AMX is present where the path is (the caller's promise).
-                let _tiles = (path == Path::Amx).then(|| unsafe { amx::Tiles::configure() });
                 if path == Path::Amx {
+                    // SAFETY: AMX is present where the path is (the caller's promise).
+                    let _tiles = unsafe { amx::Tiles::configure() };
                     for g0 in (0..blocks).step_by(amx::GROUP) {
                         let group: Vec<amx::Block<'_>> = (g0..blocks.min(g0 + amx::GROUP))
                             .map(|kb| amx::Block {

@@ -78,7 +78,7 @@ fn the_path_follows_the_cpu() {
 /// `QWEN_BURN_BF16_KERNEL` takes the paths this CPU has and refuses the others by name.
 #[test]
 fn the_kernel_variable_names_the_paths_this_cpu_has() {
-    let with = path_named;
+    let with = super::path::path_named;
     assert_eq!(with("").unwrap(), detected_bf16_path());
     assert_eq!(with("emulated").unwrap(), Path::Emulated);
     for p in [Path::Avx512Bf16, Path::Amx] {
