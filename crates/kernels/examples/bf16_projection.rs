@@ -4,17 +4,22 @@
 //! (`Precision::Bf16`), at the shapes of a model: rows, then `d_in x d_out` pairs.
 //!
 //!     cargo run --release --example bf16_projection -- 512 2048x2048 2048x1024 2048x6144 6144x2048
+//!
+//! With `--amx-walks` first, on a CPU with AMX: the bf16 weight and the mixed-precision product
+//! under each way of walking the tiles (`AmxWalk`: reduction blocks per group, prefetching),
+//! three rounds alternating, against the default walk.
 
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use qwen_burn_kernels::{
-    Precision, chosen_bf16_path, detected_bf16_path, in_pool, keep_packed_weights, linear_rows,
-    with_precision,
+    AmxWalk, Bf16Path, Precision, chosen_bf16_path, detected_bf16_path, in_pool,
+    keep_packed_weights, linear_rows, set_amx_walk, with_precision,
 };
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let walks = args.next_if(|a| a == "--amx-walks").is_some();
     let n: usize = args.next().and_then(|a| a.parse().ok()).expect("rows");
     let shapes: Vec<(usize, usize)> = args
         .map(|a| {
@@ -27,6 +32,14 @@ fn main() {
         "bf16 products: {path:?} (this CPU's best: {:?}; QWEN_BURN_BF16_KERNEL picks)",
         detected_bf16_path()
     );
+    if walks {
+        if path != Bf16Path::Amx {
+            println!("--amx-walks: the products do not run on AMX here ({path:?})");
+            return;
+        }
+        amx_walks(n, &shapes);
+        return;
+    }
     let device = Device::flex().autodiff();
     let normal = Distribution::Normal(0.0, 1.0);
     for (k, m) in shapes {
@@ -34,23 +47,7 @@ fn main() {
         let dy = Tensor::<2>::random([n, m], normal, &device);
         let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
         let w16 = w32.clone().cast(DType::BF16);
-        let time = |w: &Tensor<2>, precision: Precision| {
-            let run = || {
-                let y = with_precision(precision, || linear_rows(&x, w)).expect("flex kernel");
-                let grads = with_precision(precision, || (y * dy.clone()).sum().backward());
-                let _ = x.grad(&grads);
-            };
-            in_pool(|| {
-                run();
-                (0..5)
-                    .map(|_| {
-                        let start = Instant::now();
-                        run();
-                        start.elapsed().as_secs_f64()
-                    })
-                    .fold(f64::MAX, f64::min)
-            })
-        };
+        let time = |w: &Tensor<2>, precision: Precision| best_time(&x, &dy, w, precision);
         let (a, b) = (time(&w32, Precision::F32), time(&w16, Precision::F32));
         let c = time(&w32, Precision::Bf16);
         // The bf16 weight packed on first use and kept (as inference keeps it): the products
@@ -74,5 +71,65 @@ fn main() {
             flops / d / 1e9,
             a / b
         );
+    }
+}
+
+/// Best of five forward + input-gradient passes of `x @ w` at `precision`, in seconds.
+fn best_time(x: &Tensor<2>, dy: &Tensor<2>, w: &Tensor<2>, precision: Precision) -> f64 {
+    let run = || {
+        let y = with_precision(precision, || linear_rows(x, w)).expect("flex kernel");
+        let grads = with_precision(precision, || (y * dy.clone()).sum().backward());
+        let _ = x.grad(&grads);
+    };
+    in_pool(|| {
+        run();
+        (0..5)
+            .map(|_| {
+                let start = Instant::now();
+                run();
+                start.elapsed().as_secs_f64()
+            })
+            .fold(f64::MAX, f64::min)
+    })
+}
+
+/// Each [`AmxWalk`] on each shape, rounds alternating; GFLOP/s of the bf16 weight and of the
+/// f32 weight at bf16 precision, and their ratio to the default walk's in the same round.
+fn amx_walks(n: usize, shapes: &[(usize, usize)]) {
+    let device = Device::flex().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let walks: Vec<AmxWalk> = (1..=4)
+        .flat_map(|group| [false, true].map(|prefetch| AmxWalk { group, prefetch }))
+        .collect();
+    for &(k, m) in shapes {
+        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
+        let dy = Tensor::<2>::random([n, m], normal, &device);
+        let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
+        let w16 = w32.clone().cast(DType::BF16);
+        let flops = 4.0 * (n * k * m) as f64;
+        for round in 0..3 {
+            let mut rates = Vec::new();
+            for &walk in &walks {
+                set_amx_walk(walk).expect("a walk of 1 to 4 blocks");
+                let bf16_w = flops / best_time(&x, &dy, &w16, Precision::F32) / 1e9;
+                let mixed = flops / best_time(&x, &dy, &w32, Precision::Bf16) / 1e9;
+                rates.push((walk, bf16_w, mixed));
+            }
+            set_amx_walk(AmxWalk::DEFAULT).expect("the default walk");
+            let (_, base_w, base_mixed) = *rates
+                .iter()
+                .find(|r| r.0 == AmxWalk::DEFAULT)
+                .expect("the default walk is swept");
+            for (walk, bf16_w, mixed) in rates {
+                println!(
+                    "{n} x {k} x {m} round {round}: group {} prefetch {:5}: bf16 W {bf16_w:.0} \
+                     GFLOP/s ({:.2}x default), mixed {mixed:.0} GFLOP/s ({:.2}x)",
+                    walk.group,
+                    walk.prefetch,
+                    bf16_w / base_w,
+                    mixed / base_mixed
+                );
+            }
+        }
     }
 }

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::pack::Operand;
+use super::walk::MAX_GROUP;
 use crate::mm::Threads;
 
 /// Rows of `c` per register tile (and of `a` per packed panel).
@@ -172,10 +173,6 @@ fn rows_of<T: super::pack::Bits>(
     }
 }
 
-/// Reduction blocks whose sums stay in the tiles (the accumulators are loaded and stored once
-/// per group): two blocks of `b`'s panel, 32 KiB, stay in the L1 cache across the row tiles.
-pub(super) const GROUP: usize = 2;
-
 /// One reduction block of a task's tiles: its pairs, packed `a` (by [`pack_rows`]) and packed
 /// `b` (panels of `[pairs][NR]` words).
 pub(super) struct Block<'a> {
@@ -187,7 +184,8 @@ pub(super) struct Block<'a> {
 /// The tiles of one task over a group of consecutive reduction blocks: for each column panel
 /// in `panels` and each row panel of the task, `c += a @ b` (or `c = a @ b` when `first`) on
 /// the `rows` x `cols` of `c` that lie in the destination, where `c` points at column 0 of row
-/// 0 with rows `c_rs` apart. `ops` are [`TILE`] (or, in tests, a model of it).
+/// 0 with rows `c_rs` apart; `prefetch` as [`Walk::prefetch`]. `ops` are [`TILE`] (or, in
+/// tests, a model of it).
 ///
 /// # Safety
 /// [`Tiles`] configured on this thread; the blocks hold their packed panels; `c` valid for
@@ -202,11 +200,12 @@ pub(super) unsafe fn block_tiles(
     cols: usize,
     (c, c_rs): (*mut f32, usize),
     first: bool,
+    prefetch: bool,
     ops: &TileOps,
 ) {
     use super::NR;
-    assert!(blocks.len() <= GROUP);
-    let mut last = [[0u32; STEP * NR]; GROUP];
+    assert!(blocks.len() <= MAX_GROUP);
+    let mut last = [[0u32; STEP * NR]; MAX_GROUP];
     let mut acc = Acc([0.0; MR * NR]);
     for jp in panels.clone() {
         for (block, last) in blocks.iter().zip(last.iter_mut()) {
@@ -261,6 +260,7 @@ pub(super) unsafe fn block_tiles(
                     a: block.pa[r * MR * pp..(r + 1) * MR * pp].as_ptr(),
                     b: block.pb[jp * block.pairs * NR..].as_ptr(),
                     last: last.as_ptr(),
+                    prefetch,
                 };
                 unsafe { (ops.steps)(args) };
             }
@@ -282,7 +282,8 @@ struct Acc([f32; MR * super::NR]);
 
 /// One block's steps of [`STEP`] pairs into the accumulator tiles: step `s` reads its two tiles
 /// of `a` at `a + s * STEP * MR` words (rows 64 bytes apart), and `b` at `b + s * STEP * NR`
-/// words for `s < whole`, else at `last` (rows 128 bytes apart).
+/// words for `s < whole`, else at `last` (rows 128 bytes apart); with `prefetch`, the next
+/// step's tiles are fetched into L1 meanwhile ([`Walk::prefetch`]).
 #[derive(Clone, Copy)]
 pub(super) struct Steps {
     pub(super) steps: usize,
@@ -290,6 +291,7 @@ pub(super) struct Steps {
     pub(super) a: *const u32,
     pub(super) b: *const u32,
     pub(super) last: *const u32,
+    pub(super) prefetch: bool,
 }
 
 /// The register tile's work: `start` loads the 32 x 32 accumulators from `c` (rows `c_rs`
@@ -354,6 +356,12 @@ unsafe fn steps(t: Steps) {
         } else {
             t.last
         };
+        if t.prefetch && s + 1 < t.steps {
+            fetch(a.wrapping_add(STEP * MR));
+            if s + 1 < t.whole {
+                fetch(b.wrapping_add(STEP * super::NR));
+            }
+        }
         // SAFETY: the step's rows of `a` and `b` are readable (the caller's promise).
         unsafe {
             asm!(
@@ -373,6 +381,17 @@ unsafe fn steps(t: Steps) {
                 options(nostack, readonly)
             );
         }
+    }
+}
+
+/// Fetch the 2 KiB at `at` (a step's two tiles of `a`, or of `b`) into the L1 cache.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fetch(at: *const u32) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for line in 0..32 {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(16 * line).cast::<i8>()) };
     }
 }
 

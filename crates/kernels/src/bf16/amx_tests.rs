@@ -2,6 +2,7 @@
 use super::super::NR;
 use super::super::pack::{KC2, pack_all, round_bits};
 use super::super::tests::{values, widen, worst_error};
+use super::super::walk::MAX_GROUP;
 use super::*;
 
 thread_local! {
@@ -73,8 +74,9 @@ unsafe fn model_finish(c: *mut f32, c_rs: usize) {
     });
 }
 
-/// The AMX path's packing of `a` and its walk over tiles, edges and partial steps (with the
-/// tile modelled, so that it runs on any CPU) equal the exact product of the rounded operands.
+/// The AMX path's packing of `a` and its walk over tiles, edges and partial steps, in groups of
+/// every length (with the tile modelled, so that it runs on any CPU), equal the exact product of
+/// the rounded operands.
 #[test]
 fn amx_tiles_cover_the_product() {
     for (m, n, k) in [
@@ -91,7 +93,10 @@ fn amx_tiles_cover_the_product() {
             let (a_rs, a_cs) = if a_t { (1, m) } else { (k, 1) };
             let c_rs = n + 3;
             let start = values(m * c_rs, 3);
-            for accumulate in [false, true] {
+            for (accumulate, group_len) in [false, true]
+                .into_iter()
+                .flat_map(|acc| (1..=MAX_GROUP).map(move |g| (acc, g)))
+            {
                 let mut c = start.clone();
                 let kc = 2 * KC2;
                 // Every reduction block packed, then the tiles over groups of blocks.
@@ -124,7 +129,7 @@ fn amx_tiles_cover_the_product() {
                     );
                     packed.push((pairs, pa, pb));
                 }
-                for (g, group) in packed.chunks(GROUP).enumerate() {
+                for (g, group) in packed.chunks(group_len).enumerate() {
                     let blocks: Vec<Block<'_>> = group
                         .iter()
                         .map(|(pairs, pa, pb)| Block {
@@ -144,6 +149,7 @@ fn amx_tiles_cover_the_product() {
                             n,
                             (c.as_mut_ptr(), c_rs),
                             first,
+                            group_len % 2 == 0,
                             &MODEL,
                         )
                     };
@@ -154,7 +160,7 @@ fn amx_tiles_cover_the_product() {
                 let tolerance = 3e-7 * (k as f64 + 1.0) * 3.0;
                 assert!(
                     worst <= tolerance,
-                    "{m}x{n}x{k} a_t={a_t} accumulate={accumulate}: off by {worst:e}"
+                    "{m}x{n}x{k} a_t={a_t} accumulate={accumulate} group {group_len}: off by {worst:e}"
                 );
             }
         }

@@ -24,6 +24,7 @@ mod avx512;
 mod pack;
 mod path;
 mod prepack;
+mod walk;
 
 use pack::{KC2, pack_all};
 pub(crate) use pack::{Operand, round_bits};
@@ -35,6 +36,7 @@ pub use path::{
 pub(crate) use prepack::kept_packed_forms;
 pub(crate) use prepack::{PackedB, packed, retain};
 pub use prepack::{PackedWeights, keep_packed_weights};
+pub use walk::{Walk as AmxWalk, set_walk as set_amx_walk};
 
 /// `c = a @ b` (or `c += a @ b` when `accumulate`) in bf16 with f32 accumulation, for
 /// `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]` at row stride `c_rs`, on `path`.
@@ -281,6 +283,7 @@ unsafe fn blocked(
     }
     // AMX packs `a` by rows ([`amx::pack_rows`]), in panels of 32 rows.
     let mr = if path == Path::Amx { amx::MR } else { MR };
+    let walk = walk::walk();
     let a_panels = m.div_ceil(mr);
     let a_block = a_panels * mr * KC2;
     // Reduction blocks per super-block, and column panels per super-block.
@@ -350,8 +353,8 @@ unsafe fn blocked(
                 if path == Path::Amx {
                     // SAFETY: AMX is present where the path is (the caller's promise).
                     let _tiles = unsafe { amx::Tiles::configure() };
-                    for g0 in (0..blocks).step_by(amx::GROUP) {
-                        let group: Vec<amx::Block<'_>> = (g0..blocks.min(g0 + amx::GROUP))
+                    for g0 in (0..blocks).step_by(walk.group) {
+                        let group: Vec<amx::Block<'_>> = (g0..blocks.min(g0 + walk.group))
                             .map(|kb| amx::Block {
                                 pairs: kc.min(k_len - kb * kc).div_ceil(2),
                                 pa: &packed_a[kb * a_block..],
@@ -371,6 +374,7 @@ unsafe fn blocked(
                                 cols,
                                 c,
                                 first,
+                                walk.prefetch,
                                 &amx::TILE,
                             )
                         };

@@ -124,6 +124,20 @@ fn bf16_products_equal_the_product_of_the_rounded_operands() {
                             for &path in &paths {
                                 check(path, (m, n, k), (a_t, b_t, b_bf16), accumulate, threads);
                             }
+                            if paths.contains(&Path::Amx) {
+                                // The other walks of the tiles, prefetching on the real tiles.
+                                for group in [1, 3, 4] {
+                                    let walk = super::walk::Walk {
+                                        group,
+                                        prefetch: true,
+                                    };
+                                    super::walk::with_walk(walk, || {
+                                        let shape = (m, n, k);
+                                        let layout = (a_t, b_t, b_bf16);
+                                        check(Path::Amx, shape, layout, accumulate, threads)
+                                    });
+                                }
+                            }
                         }
                     }
                 }
