@@ -5,7 +5,7 @@
 # its sides, so that the machine's other load and the neighbouring jobs hit both sides alike:
 #   T: the kernels' bf16 tests (every path this CPU has)
 #   A: one projection (f32, bf16 on AVX512-BF16, bf16 on AMX, bf16 with the weight packed once);
-#      LoRA 1.7B; `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
+#      the AMX tile walks against each other (bf16_projection --amx-walks); LoRA 1.7B; `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
 #   B: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py)
 #   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
 #   D: mixed-precision training against torch.autocast (compare_bf16.py train)
@@ -43,6 +43,8 @@ job_a() {
       QWEN_BURN_BF16_KERNEL=$k /tmp/amx-bin/bf16_projection 512 2048x2048 2048x6144 6144x2048 2>&1
     done
   done
+  echo "== AMX walks"
+  /tmp/amx-bin/bf16_projection --amx-walks 512 2048x6144 6144x2048 2>&1
   echo -n "lora-1.7b kernel amx: "
   $B bench train --config configs/bench-lora-1.7b.toml --steps 2 --warmup 1 --json 2>&1 | fig
   for r in 1 2 3; do

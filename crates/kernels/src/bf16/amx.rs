@@ -126,13 +126,8 @@ pub(super) fn pack_rows(
     let out = &mut out[..m.div_ceil(MR) * MR * pp];
     let job = |(panel, words): (usize, &mut [u32])| {
         words.fill(0);
-        let halves: &mut [u16] = bytemuck::cast_slice_mut(words);
         let rows = MR.min(m - panel * MR);
-        let i0 = panel * MR;
-        match x {
-            Operand::F32(s, ..) => rows_of(s, (rs, cs), (i0, rows), p0, len, halves),
-            Operand::Bf16(s, ..) => rows_of(s, (rs, cs), (i0, rows), p0, len, halves),
-        }
+        rows_in(x, (rs, cs), (panel * MR, rows), p0, len, words);
     };
     match threads {
         Threads::All => out.par_chunks_mut(MR * pp).enumerate().for_each(job),
@@ -141,34 +136,90 @@ pub(super) fn pack_rows(
     pp
 }
 
-/// [`pack_rows`] of one panel and element type, into 16-bit halves: reduction index `p` of row
-/// `r` at `(p / 32) * 32 * MR + r * 32 + p % 32`; with the reduction contiguous (`cs == 1`) row
-/// by row, else reduction index by index (a transposed `a`'s rows are then contiguous).
+simd_dispatch! {
+    /// [`pack_rows`] of one panel (`rows.1` rows from `rows.0`), compiled for the CPU's vectors.
+    fn rows_in(
+        x: Operand<'_>,
+        strides: (usize, usize),
+        rows: (usize, usize),
+        p0: usize,
+        len: usize,
+        out: &mut [u32],
+    ) = rows_in_generic
+}
+
+#[inline(always)]
+fn rows_in_generic(
+    x: Operand<'_>,
+    strides: (usize, usize),
+    rows: (usize, usize),
+    p0: usize,
+    len: usize,
+    out: &mut [u32],
+) {
+    match x {
+        Operand::F32(s, ..) => rows_of(s, strides, rows, p0, len, out),
+        Operand::Bf16(s, ..) => rows_of(s, strides, rows, p0, len, out),
+    }
+}
+
+/// [`pack_rows`] of one panel and element type: reduction pair `q` of row `r` at word
+/// `(q / STEP) * STEP * MR + r * STEP + q % STEP`. With the reduction contiguous (`cs == 1`)
+/// row by row; with the rows contiguous (`rs == 1`, a transposed `a`) pair by pair; else element
+/// by element.
+#[inline(always)]
 fn rows_of<T: super::pack::Bits>(
     s: &[T],
     (rs, cs): (usize, usize),
     (i0, rows): (usize, usize),
     p0: usize,
     len: usize,
-    out: &mut [u16],
+    out: &mut [u32],
 ) {
     const HALVES: usize = 2 * STEP;
+    let word = |q: usize, r: usize| (q / STEP) * STEP * MR + r * STEP + q % STEP;
     if cs == 1 {
+        let halves: &mut [u16] = bytemuck::cast_slice_mut(out);
         for r in 0..rows {
             let src = &s[(i0 + r) * rs + p0..][..len];
             for (c, run) in src.chunks(HALVES).enumerate() {
-                let dst = &mut out[c * HALVES * MR + r * HALVES..][..run.len()];
+                let dst = &mut halves[c * HALVES * MR + r * HALVES..][..run.len()];
                 for (o, &v) in dst.iter_mut().zip(run) {
                     *o = v.bits() as u16;
                 }
             }
         }
-    } else {
-        for p in 0..len {
-            let at = (p / HALVES) * HALVES * MR + p % HALVES;
-            for r in 0..rows {
-                out[at + r * HALVES] = s[(i0 + r) * rs + (p0 + p) * cs].bits() as u16;
-            }
+        return;
+    }
+    let at = |r: usize, p: usize| (i0 + r) * rs + (p0 + p) * cs;
+    // Where the rows are contiguous (a transposed row-major matrix): a pair's two runs of rows
+    // read together, their words written row by row (a step's 32 rows are 32 cache lines, in
+    // L1 across its pairs). Walking blocks of rows across pairs instead re-reads lines of rows
+    // far apart (a matrix row apart), which conflict in the L1 cache.
+    let (whole_rows, whole_pairs) = if rs == 1 { (rows, len / 2) } else { (0, 0) };
+    for q in 0..whole_pairs {
+        let lo = &s[at(0, 2 * q)..][..whole_rows];
+        let hi = &s[at(0, 2 * q + 1)..][..whole_rows];
+        let mut words = [0u32; MR];
+        for ((w, &l), &h) in words.iter_mut().zip(lo).zip(hi) {
+            *w = l.bits() | (h.bits() << 16);
+        }
+        let first = word(q, 0);
+        for (r, &w) in words[..whole_rows].iter().enumerate() {
+            out[first + r * STEP] = w;
+        }
+    }
+    // The rest: the rows past the blocks, and every row's pairs past them.
+    for r in 0..rows {
+        let q_from = if r < whole_rows { whole_pairs } else { 0 };
+        for q in q_from..len.div_ceil(2) {
+            let lo = s[at(r, 2 * q)].bits();
+            let hi = if 2 * q + 1 < len {
+                s[at(r, 2 * q + 1)].bits()
+            } else {
+                0
+            };
+            out[word(q, r)] = lo | (hi << 16);
         }
     }
 }

@@ -166,3 +166,64 @@ fn amx_tiles_cover_the_product() {
         }
     }
 }
+
+/// [`pack_rows`] equals its definition word by word, for rows contiguous in the reduction, for
+/// rows contiguous across (a transposed `a`) and for neither, f32 and bf16, partial panels and
+/// odd lengths, on one thread and on all.
+#[test]
+fn pack_rows_equals_its_definition() {
+    for (m, k) in [(1, 1), (5, 7), (32, 64), (45, 301), (70, 256)] {
+        // Row stride, column stride and the buffer's length of each layout.
+        let layouts = [
+            (k, 1, m * k),
+            (1, m, m * k),
+            (2 * k + 1, 2, m * (2 * k + 1)),
+        ];
+        for (rs, cs, size) in layouts {
+            let x = values(size, 5);
+            let x16: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            for (p0, len) in [(0, k.min(256)), (k / 3, k - k / 3)] {
+                for bf16_in in [false, true] {
+                    for threads in [Threads::One, Threads::All] {
+                        let operand = if bf16_in {
+                            Operand::Bf16(&x16, rs, cs)
+                        } else {
+                            Operand::F32(&x, rs, cs)
+                        };
+                        let mut out =
+                            vec![7u32; m.div_ceil(MR) * MR * len.div_ceil(2) + 2 * MR * STEP];
+                        let pp = pack_rows(operand, (rs, cs), m, p0, len, &mut out, threads);
+                        let bits = |i: usize, p: usize| -> u32 {
+                            if i >= m || p >= len {
+                                return 0;
+                            }
+                            let at = i * rs + (p0 + p) * cs;
+                            if bf16_in {
+                                u32::from(x16[at].to_bits())
+                            } else {
+                                u32::from(round_bits(x[at]))
+                            }
+                        };
+                        for panel in 0..m.div_ceil(MR) {
+                            for q in 0..pp {
+                                for r in 0..MR {
+                                    let got = out[panel * MR * pp
+                                        + (q / STEP) * STEP * MR
+                                        + r * STEP
+                                        + q % STEP];
+                                    let (i, p) = (panel * MR + r, 2 * q);
+                                    let want = bits(i, p) | (bits(i, p + 1) << 16);
+                                    assert_eq!(
+                                        got, want,
+                                        "{m}x{k} strides ({rs}, {cs}) from {p0} for {len} \
+                                         bf16={bf16_in} {threads:?}: row {i}, pair {q}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
