@@ -350,3 +350,51 @@ fn packing_equals_its_definition() {
         }
     }
 }
+
+/// The vector rounding of 16 f32 into 8 packed words equals [`round_bits`] pair by pair, on
+/// special values (NaN with payloads, infinities, ties, the largest finite, subnormals, zeros)
+/// and on random bit patterns.
+#[test]
+fn f32_words_on_vectors_equal_the_rounding() {
+    use super::pack::Bits;
+    let special = [
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0xffc1_2345),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        f32::from_bits(0x0000_0001),
+        f32::from_bits(0x8000_7fff),
+        0.0,
+        -0.0,
+        1.0,
+        f32::from_bits(0x7f7f_ffff),
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut runs = vec![special];
+    for _ in 0..1000 {
+        runs.push(std::array::from_fn(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f32::from_bits(state as u32)
+        }));
+    }
+    for run in runs {
+        let mut words = [0u32; 8];
+        if !f32::words8(&run, &mut words) {
+            println!("no vector rounding on this CPU: the scalar loop packs");
+            return;
+        }
+        for (q, &w) in words.iter().enumerate() {
+            let want =
+                u32::from(round_bits(run[2 * q])) | (u32::from(round_bits(run[2 * q + 1])) << 16);
+            assert_eq!(w, want, "pair {q} of {run:?}");
+        }
+    }
+}
