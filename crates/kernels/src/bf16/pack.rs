@@ -304,9 +304,7 @@ fn pack_lanes_generic(
 }
 
 /// [`pack_lanes`] of one element type: with the reduction contiguous (`ps == 1`: a row-major
-/// activation, a transposed weight) blocks of 8 lanes x 8 pairs are read lane by lane (an f32
-/// lane rounded on the CPU's vectors, [`Bits::words8`]: the compiler's loop ran 3x slower) and
-/// written pair by pair (a transpose the compiler does in registers), and the rest of each
+/// activation, a transposed weight) blocks of lanes x 8 pairs ([`block_of`]), and the rest of each
 /// lane's run becomes 16-bit words whose pairs are the packed words; otherwise element by
 /// element.
 #[allow(clippy::too_many_arguments)]
@@ -326,33 +324,26 @@ fn lanes_of<T: Bits>(
     if count < width {
         out.fill(0);
     }
-    // The blocks: lanes `..blocked_lanes`, pairs `..blocked_pairs` (whole pairs only).
-    let (blocked_lanes, blocked_pairs) = if ps == 1 && width.is_multiple_of(B) {
-        (count / B * B, len / 2 / B * B)
-    } else {
-        (0, 0)
+    // The blocks: lanes `..blocked_lanes` (8 at a time, or 4 in panels of 12), pairs
+    // `..blocked_pairs` (whole pairs only).
+    let lanes_per_block = [8, 4]
+        .into_iter()
+        .find(|&l| ps == 1 && width.is_multiple_of(l))
+        .unwrap_or(0);
+    let (blocked_lanes, blocked_pairs) = match lanes_per_block {
+        0 => (0, 0),
+        l => (count / l * l, len / 2 / B * B),
     };
-    for l0 in (0..blocked_lanes).step_by(B) {
-        let rows: [&[T]; B] =
-            std::array::from_fn(|i| &s[(lane0 + l0 + i) * ls + p0..][..2 * blocked_pairs]);
-        for q0 in (0..blocked_pairs).step_by(B) {
-            let mut block = [[0u32; B]; B];
-            for (row, words) in rows.iter().zip(block.iter_mut()) {
-                // The run's 16 elements as bits first, then paired: one pass the compiler
-                // vectorizes (rounding an f32 pair by pair did not: 2.5x slower than bf16).
-                let run = &row[2 * q0..2 * q0 + 2 * B];
-                if !T::words8(run, words) {
-                    for (w, pair) in words.iter_mut().zip(run.chunks_exact(2)) {
-                        *w = pair[0].bits() | (pair[1].bits() << 16);
-                    }
-                }
-            }
-            for q in 0..B {
-                let o = &mut out[(q0 + q) * width + l0..][..B];
-                for (o, words) in o.iter_mut().zip(&block) {
-                    *o = words[q];
-                }
-            }
+    let run = |l: usize| &s[(lane0 + l) * ls + p0..][..2 * blocked_pairs];
+    if lanes_per_block == 8 {
+        for l0 in (0..blocked_lanes).step_by(8) {
+            let rows: [&[T]; 8] = std::array::from_fn(|i| run(l0 + i));
+            block_of(&rows, blocked_pairs, &mut out[l0..], width);
+        }
+    } else {
+        for l0 in (0..blocked_lanes).step_by(4) {
+            let rows: [&[T]; 4] = std::array::from_fn(|i| run(l0 + i));
+            block_of(&rows, blocked_pairs, &mut out[l0..], width);
         }
     }
     // A lane's words, written as 16-bit halves: on x86 (little-endian), the first of two halves
@@ -383,6 +374,37 @@ fn lanes_of<T: Bits>(
             .zip(&words[..pairs])
         {
             *o = w;
+        }
+    }
+}
+
+/// `L` lanes' runs (`rows`, each `2 * pairs` elements) packed into `out` (lane `l`'s word of
+/// pair `q` at `q * width + l`), 8 pairs at a time: each lane's 16 elements read together (an
+/// f32 lane rounded on the CPU's vectors, [`Bits::words8`]: the compiler's loop ran 3x slower),
+/// then written pair by pair, `L` words each (a transpose the compiler does in registers).
+#[inline(always)]
+fn block_of<T: Bits, const L: usize>(
+    rows: &[&[T]; L],
+    pairs: usize,
+    out: &mut [u32],
+    width: usize,
+) {
+    const B: usize = 8;
+    for q0 in (0..pairs).step_by(B) {
+        let mut block = [[0u32; B]; L];
+        for (row, words) in rows.iter().zip(block.iter_mut()) {
+            let run = &row[2 * q0..2 * q0 + 2 * B];
+            if !T::words8(run, words) {
+                for (w, pair) in words.iter_mut().zip(run.chunks_exact(2)) {
+                    *w = pair[0].bits() | (pair[1].bits() << 16);
+                }
+            }
+        }
+        for q in 0..B {
+            let o = &mut out[(q0 + q) * width..][..L];
+            for (o, words) in o.iter_mut().zip(&block) {
+                *o = words[q];
+            }
         }
     }
 }

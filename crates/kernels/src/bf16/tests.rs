@@ -268,7 +268,7 @@ fn blocking_cuts_products_into_tasks() {
 
 /// Packing equals its definition (panels of `width` lanes, `[pairs][width]` words, an even
 /// reduction index in the low half, zeros past the lanes and the reduction) for both layouts
-/// of the source, both element types, blocks of 8 x 8 and their remainders.
+/// of the source, both element types, blocks of 8 or 4 lanes x 8 pairs and their remainders.
 #[test]
 fn packing_equals_its_definition() {
     use super::pack::pack_all;
@@ -306,6 +306,7 @@ fn packing_equals_its_definition() {
                 (0, all_lanes, 0, all_len, 32),
                 (3, 29, 1, 37, 32),
                 (8, 40, 16, 33, 12),
+                (2, 50, 5, 60, 12),
                 (0, 17, 0, 16, 32),
                 (1, 5, 2, 1, 8),
             ] {
