@@ -258,6 +258,16 @@ impl RunConfig {
                  the warmup is clipped to {steps} steps (the learning rate reaches its peak at the last step)"
             ));
         }
+        let path = qwen_burn_kernels::bf16_path();
+        if self.training.precision == Precision::Bf16 && !path.has_kernel() {
+            self.notices.push(format!(
+                "note: training.precision = \"bf16\" without a bf16 kernel (bf16 path `{}`: \
+                 this CPU has neither AMX-BF16 nor AVX512-BF16, or QWEN_BURN_BF16_KERNEL caps \
+                 it): the products are f32 products of bf16-rounded operands, the numbers of a \
+                 bf16 machine at less than f32's speed",
+                path.name()
+            ));
+        }
         self
     }
 

@@ -57,6 +57,26 @@ fn a_warmup_longer_than_the_run_is_clipped_with_a_warning() {
     );
 }
 
+/// Mixed precision without a bf16 kernel says that it runs emulated, slower than f32; with a
+/// kernel it says nothing.
+#[test]
+fn mixed_precision_without_a_bf16_kernel_says_so() {
+    let c = load(&["training.precision=\"bf16\""]).unwrap();
+    let emulated = !qwen_burn_kernels::bf16_path().has_kernel();
+    let said = c
+        .notices
+        .iter()
+        .any(|n| n.contains("without a bf16 kernel"));
+    assert_eq!(
+        said,
+        emulated,
+        "{:?} on path {:?}",
+        c.notices,
+        qwen_burn_kernels::bf16_path()
+    );
+    assert!(load(&[]).unwrap().notices.is_empty());
+}
+
 #[test]
 fn data_keys_of_the_other_kind_are_refused() {
     for key in [
