@@ -10,13 +10,16 @@
 #   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
 #   D: mixed-precision training against torch.autocast (compare_bf16.py train)
 #   P: a perf profile of the LoRA 1.7B step, where DIR holds perf.tar.xz
+#   E: where DIR holds qwen-burn-base (an older build), this binary against it alternating:
+#      LoRA 1.7B and bench-dense at mixed precision, two rounds
 # Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary)
 # and bf16_projection (the example), stripped, each as NAME or NAME.xz.
 # Usage: benches/amx_check.sh DIR OUT [SECONDS_PER_JOB]
 set -uo pipefail
 D=$1; OUT=$2; LIMIT=${3:-420}
 mkdir -p "$OUT" /tmp/amx-bin
-for f in qwen-burn kernels-tests bf16_projection; do
+for f in qwen-burn kernels-tests bf16_projection qwen-burn-base; do
+  [ -f "$D/$f" ] || [ -f "$D/$f.xz" ] || { [ "$f" = qwen-burn-base ] && continue; }
   if [ -f "$D/$f" ]; then cp "$D/$f" /tmp/amx-bin/$f; else
     python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" "$D/$f.xz" /tmp/amx-bin/$f
   fi
@@ -63,15 +66,26 @@ job_p() {
   LD_LIBRARY_PATH=/tmp/perfb/lib /tmp/perfb/perf record -q -e cpu-clock -F 499 -o /tmp/perf.data -- $B bench train --config configs/bench-lora-1.7b.toml --steps 2 --warmup 1 --json 2>&1 | fig
   LD_LIBRARY_PATH=/tmp/perfb/lib /tmp/perfb/perf report -i /tmp/perf.data --stdio --sort symbol --percent-limit 0.4 2>&1 | grep -v "^#" | grep -v "^$" | cut -c1-150 | head -60
 }
+job_e() {
+  [ -x /tmp/amx-bin/qwen-burn-base ] || { echo "no qwen-burn-base: no comparison"; return 0; }
+  for r in 1 2; do
+    for b in qwen-burn-base qwen-burn; do
+      echo -n "round $r $b lora-1.7b: "
+      /tmp/amx-bin/$b bench train --config configs/bench-lora-1.7b.toml --steps 2 --warmup 1 --json 2>&1 | fig
+      echo -n "round $r $b bench-dense bf16: "
+      /tmp/amx-bin/$b bench train --config configs/bench-dense.toml --steps 5 --warmup 2 --set 'training.precision="bf16"' --json 2>&1 | fig
+    done
+  done
+}
 job_b() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 2 --steps 2 --warmup 1 --threads 2; }
 job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 1 --threads 2; }
 job_d() { python3 benches/compare_bf16.py --jobs train --rounds 2 --threads 2; }
 T0=$(date +%s)
 i=0
 export D
-for j in a b c d t p; do
+for j in a b c d t p e; do
   ( export -f job_$j fig; timeout "$LIMIT" taskset -c "$(pair $i)" bash -c "job_$j" > "$OUT/job_$j.log" 2>&1; echo "job $j exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/job_$j.log" ) &
   i=$((i + 1))
 done
 wait
-for j in t a b c d p; do echo "===== job $j"; cat "$OUT/job_$j.log"; done
+for j in t a b c d p e; do echo "===== job $j"; cat "$OUT/job_$j.log"; done
