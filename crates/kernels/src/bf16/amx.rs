@@ -196,22 +196,22 @@ fn rows_of<T: super::pack::Bits>(
     // read together, their words written row by row (a step's 32 rows are 32 cache lines, in
     // L1 across its pairs). Walking blocks of rows across pairs instead re-reads lines of rows
     // far apart (a matrix row apart), which conflict in the L1 cache.
-    let (whole_rows, whole_pairs) = if rs == 1 { (rows, len / 2) } else { (0, 0) };
+    let (paired_rows, whole_pairs) = if rs == 1 { (rows, len / 2) } else { (0, 0) };
     for q in 0..whole_pairs {
-        let lo = &s[at(0, 2 * q)..][..whole_rows];
-        let hi = &s[at(0, 2 * q + 1)..][..whole_rows];
+        let lo = &s[at(0, 2 * q)..][..paired_rows];
+        let hi = &s[at(0, 2 * q + 1)..][..paired_rows];
         let mut words = [0u32; MR];
         for ((w, &l), &h) in words.iter_mut().zip(lo).zip(hi) {
             *w = l.bits() | (h.bits() << 16);
         }
         let first = word(q, 0);
-        for (r, &w) in words[..whole_rows].iter().enumerate() {
+        for (r, &w) in words[..paired_rows].iter().enumerate() {
             out[first + r * STEP] = w;
         }
     }
-    // The rest: the rows past the blocks, and every row's pairs past them.
+    // The rest: an odd last reduction index, or every pair where the rows are not contiguous.
     for r in 0..rows {
-        let q_from = if r < whole_rows { whole_pairs } else { 0 };
+        let q_from = if r < paired_rows { whole_pairs } else { 0 };
         for q in q_from..len.div_ceil(2) {
             let lo = s[at(r, 2 * q)].bits();
             let hi = if 2 * q + 1 < len {
