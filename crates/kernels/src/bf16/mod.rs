@@ -24,6 +24,7 @@ mod avx512;
 mod pack;
 mod path;
 mod prepack;
+mod rounded;
 mod walk;
 
 use pack::{KC2, pack_all};
@@ -36,6 +37,7 @@ pub use path::{
 pub(crate) use prepack::kept_packed_forms;
 pub(crate) use prepack::{PackedB, packed, retain};
 pub use prepack::{PackedWeights, keep_packed_weights};
+pub(crate) use rounded::rounded;
 pub use walk::{Walk as AmxWalk, set_walk as set_amx_walk};
 
 /// `c = a @ b` (or `c += a @ b` when `accumulate`) in bf16 with f32 accumulation, for
@@ -187,21 +189,6 @@ fn check(m: usize, n: usize, k: usize, a: Operand<'_>, b: Rhs<'_>) {
         }
         Rhs::Packed(p) => assert!(p.k == k && p.n == n, "packed rhs of another shape"),
     }
-}
-
-/// A `[rows, cols]` operand rounded to bf16, as a dense row-major f32 matrix.
-pub(crate) fn rounded(x: Operand<'_>, rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * cols);
-    for i in 0..rows {
-        for j in 0..cols {
-            let bits = match x {
-                Operand::F32(s, rs, cs) => round_bits(s[i * rs + j * cs]),
-                Operand::Bf16(s, rs, cs) => s[i * rs + j * cs].to_bits(),
-            };
-            out.push(f32::from_bits(u32::from(bits) << 16));
-        }
-    }
-    out
 }
 
 /// Rows of the register tile (`a`'s rows per micro-panel).
