@@ -143,8 +143,9 @@ pub(crate) fn mm_matrix(
     }
 }
 
-/// [`mm_matrix`] into a new row-major `[m, n]` buffer (`n` the output width of `op(w)`). An f32
-/// product of an f32 `w` writes it without zeroing it first ([`mm_new`]).
+/// [`mm_matrix`] into a new row-major `[m, n]` buffer (`n` the output width of `op(w)`). A
+/// product of an f32 `w` (at either precision) or on the bf16 kernel writes it without zeroing
+/// it first ([`mm_new_in`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mm_matrix_new(
     precision: Precision,
@@ -160,22 +161,22 @@ pub(crate) fn mm_matrix_new(
     } else {
         (rows, cols)
     };
-    if let (Matrix::F32(w), Precision::F32) = (w, precision) {
+    if let Matrix::F32(w) = w {
+        // f32 weights, at either precision: into a buffer not zero-filled first.
         let b = if transposed {
             (w, 1, cols)
         } else {
             (w, cols, 1)
         };
-        return mm_new(m, n, k, a, b, threads);
+        return mm_new_in(precision, m, n, k, a, b, threads);
     }
-    if bf16::bf16_path().has_kernel() {
+    if let Matrix::Bf16(wb) = w
+        && bf16::bf16_path().has_kernel()
+    {
         // The kernel writes every element: no zeroing first.
         let (ws_r, ws_c) = if transposed { (1, cols) } else { (cols, 1) };
         let a16 = bf16::Operand::F32(a.0, a.1, a.2);
-        let kept = match w {
-            Matrix::Bf16(w) => bf16::packed(w, [rows, cols], transposed),
-            Matrix::F32(_) => None,
-        };
+        let kept = bf16::packed(wb, [rows, cols], transposed);
         let rhs = kernel_rhs(w, kept.as_deref(), (ws_r, ws_c));
         if let Some(c) = bf16::mm_bf16_kernel_new(m, n, k, a16, rhs, threads) {
             return c;
