@@ -57,18 +57,11 @@ pub(crate) fn mm_new_in(
     if precision == Precision::F32 {
         return mm_new(m, n, k, a, b, threads);
     }
-    // Neither path zeroes the destination first: the kernel writes every element, and so does
-    // `gemm` on the rounded copies (the numbers of `mm_in`'s bf16 product, which rounds the
-    // same way).
-    let (a16, b16) = (
+    let (a, b) = (
         bf16::Operand::F32(a.0, a.1, a.2),
         bf16::Operand::F32(b.0, b.1, b.2),
     );
-    if let Some(c) = bf16::mm_bf16_kernel_new(m, n, k, a16, bf16::Rhs::Pack(b16), threads) {
-        return c;
-    }
-    let (a, b) = (bf16::rounded(a16, m, k), bf16::rounded(b16, k, n));
-    mm_new(m, n, k, (&a, k, 1), (&b, n, 1), threads)
+    bf16::mm_bf16_new(m, n, k, a, b, threads)
 }
 
 /// A weight matrix stored row-major `[rows, cols]`: f32, read in place, or bf16 (frozen weights

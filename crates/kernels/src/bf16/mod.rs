@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use crate::mm::{Threads, extent, mm};
+use crate::mm::{Threads, extent, mm, mm_new};
 
 mod amx;
 #[cfg(target_arch = "x86_64")]
@@ -85,6 +85,24 @@ pub(crate) fn mm_bf16_on(
         accumulate,
         threads,
     );
+}
+
+/// `a @ b` into a new row-major `[m, n]` buffer on this CPU's [`bf16_path`], written without
+/// zeroing it first: the kernel writes every element, and so does `gemm` on the rounded copies
+/// where the CPU lacks a kernel (the numbers of [`mm_bf16`]).
+pub(crate) fn mm_bf16_new(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    threads: Threads,
+) -> Vec<f32> {
+    if let Some(c) = mm_bf16_kernel_new(m, n, k, a, Rhs::Pack(b), threads) {
+        return c;
+    }
+    let (a, b) = (rounded(a, m, k), rounded(b, k, n));
+    mm_new(m, n, k, (&a, k, 1), (&b, n, 1), threads)
 }
 
 /// [`mm_bf16_on`] on this CPU's [`bf16_path`].
@@ -340,14 +358,17 @@ unsafe fn blocked(
                 if path == Path::Amx {
                     // SAFETY: AMX is present where the path is (the caller's promise).
                     let _tiles = unsafe { amx::Tiles::configure() };
+                    let block = |kb: usize| amx::Block {
+                        pairs: kc.min(k_len - kb * kc).div_ceil(2),
+                        pa: &packed_a[kb * a_block..],
+                        pb: &pb_all[kb * b_block..],
+                    };
                     for g0 in (0..blocks).step_by(walk.group) {
-                        let group: Vec<amx::Block<'_>> = (g0..blocks.min(g0 + walk.group))
-                            .map(|kb| amx::Block {
-                                pairs: kc.min(k_len - kb * kc).div_ceil(2),
-                                pa: &packed_a[kb * a_block..],
-                                pb: &pb_all[kb * b_block..],
-                            })
-                            .collect();
+                        // The group's blocks on the stack (the slots past it repeat its last).
+                        let len = walk.group.min(blocks - g0);
+                        let group: [amx::Block<'_>; walk::MAX_GROUP] =
+                            std::array::from_fn(|i| block(g0 + i.min(len - 1)));
+                        let group = &group[..len];
                         let first = k0 == 0 && g0 == 0 && !accumulate;
                         let (row_range, c) = (i0..i0 + rows, (dst.at(j0), c_rs));
                         // SAFETY: the tiles are configured; the blocks hold the packed
@@ -355,7 +376,7 @@ unsafe fn blocked(
                         // caller's promise) and are this task's alone.
                         unsafe {
                             amx::block_tiles(
-                                &group,
+                                group,
                                 row_range,
                                 panels.clone(),
                                 cols,
