@@ -349,6 +349,21 @@ pub fn train_bpe(opts: &TrainBpeOptions, out: &Path) -> Result<Tok> {
     }
     let sources = ingest::discover(&opts.inputs)?;
     let inputs_desc = describe_inputs(&opts.inputs);
+    // The output must not replace the text it is trained on (checked before any work).
+    if let Ok(out_file) = out.canonicalize()
+        && let Some(source) = sources
+            .iter()
+            .find(|s| s.path.canonicalize().is_ok_and(|p| p == out_file))
+    {
+        return Err(DataError::option(
+            "out",
+            format!(
+                "{} is the training input {}; choose another file for the tokenizer",
+                out.display(),
+                source.path.display()
+            ),
+        ));
+    }
     if sources.is_empty() {
         return Err(DataError::EmptyCorpus {
             inputs: inputs_desc,

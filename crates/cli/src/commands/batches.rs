@@ -2,12 +2,13 @@
 //! them (the cross-framework check in `experiments/002-*`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use qwen_burn_train::config::ModelSource;
 
 use super::ConfigArgs;
+use qwen_burn_data::Batch;
 use qwen_burn_train::run::data::DataPipeline;
 
 #[derive(clap::Args, Debug)]
@@ -33,34 +34,49 @@ pub fn run(args: Args) -> Result<()> {
             qwen_burn_model::Qwen3Config::from_file(&dir.join("config.json"))?.vocab_size
         }
     };
-    let mut data = DataPipeline::new(&config, None, vocab)?;
-    let file = std::fs::File::create(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    for step in 1..=args.steps {
-        for _ in 0..config.training.grad_accum {
-            let (batch, _) = data.next_batch()?;
-            let rows = |flat: Vec<serde_json::Value>| -> Vec<Vec<serde_json::Value>> {
-                flat.chunks(batch.seq_len).map(<[_]>::to_vec).collect()
-            };
-            let record = serde_json::json!({
-                "step": step,
-                "inputs": rows(batch.inputs.iter().map(|&x| x.into()).collect()),
-                "targets": rows(batch.targets.iter().map(|&x| x.into()).collect()),
-                "attention_mask": batch.attention_mask.as_ref().map(|m| rows(m.iter().map(|&x| x.into()).collect())),
-                "positions": batch.positions.as_ref().map(|p| rows(p.iter().map(|&x| x.into()).collect())),
-                "document_starts": batch.positions.as_ref().map(|_| {
-                    (0..batch.batch_size).map(|r| batch.document_starts(r)).collect::<Vec<_>>()
-                }),
-            });
-            writeln!(out, "{record}").context("writing batches")?;
-        }
+    // Everything the config reads, so that --out never replaces one of them.
+    let mut inputs: Vec<&Path> = vec![
+        args.config.config.as_path(),
+        config.data.tokenizer.as_path(),
+    ];
+    inputs.extend(config.data.inputs.iter().map(PathBuf::as_path));
+    inputs.extend(config.data.val_inputs.iter().map(PathBuf::as_path));
+    inputs.extend(config.data.cache_dir.as_deref());
+    if let ModelSource::Pretrained(dir) = &config.model {
+        inputs.push(dir.as_path());
     }
-    out.flush().context("writing batches")?;
+    super::outputs::check_file_out("--out", &args.out, &inputs)?;
+    let mut data = DataPipeline::new(&config, None, vocab)?;
+    super::outputs::write_atomic(&args.out, |out| {
+        for step in 1..=args.steps {
+            for _ in 0..config.training.grad_accum {
+                let (batch, _) = data.next_batch()?;
+                writeln!(out, "{}", record(step, &batch)).context("writing batches")?;
+            }
+        }
+        Ok(())
+    })?;
     println!(
         "wrote {} steps of batches to {}",
         args.steps,
         args.out.display()
     );
     Ok(())
+}
+
+/// One micro-batch as a JSON line: its rows, padding mask and document layout.
+fn record(step: usize, batch: &Batch) -> serde_json::Value {
+    let rows = |flat: Vec<serde_json::Value>| -> Vec<Vec<serde_json::Value>> {
+        flat.chunks(batch.seq_len).map(<[_]>::to_vec).collect()
+    };
+    serde_json::json!({
+        "step": step,
+        "inputs": rows(batch.inputs.iter().map(|&x| x.into()).collect()),
+        "targets": rows(batch.targets.iter().map(|&x| x.into()).collect()),
+        "attention_mask": batch.attention_mask.as_ref().map(|m| rows(m.iter().map(|&x| x.into()).collect())),
+        "positions": batch.positions.as_ref().map(|p| rows(p.iter().map(|&x| x.into()).collect())),
+        "document_starts": batch.positions.as_ref().map(|_| {
+            (0..batch.batch_size).map(|r| batch.document_starts(r)).collect::<Vec<_>>()
+        }),
+    })
 }

@@ -130,38 +130,8 @@ fn check_records(args: &Args) -> Result<()> {
         args.tokenizer.as_deref(),
         Some(args.model.model.as_path()),
     ];
-    for input in inputs.into_iter().flatten() {
-        // A file of the model's directory (its config.json, weights or tokenizer).
-        let inside = out.exists()
-            && out
-                .parent()
-                .is_some_and(|p| input.is_dir() && super::outputs::same_entry(p, input));
-        if super::outputs::same_entry(out, input) || inside {
-            bail!(
-                "--records {} would overwrite {}, which this command reads; choose another file",
-                out.display(),
-                input.display()
-            );
-        }
-    }
-    if out.is_dir() {
-        bail!(
-            "--records {} is a directory; give a file name",
-            out.display()
-        );
-    }
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => std::path::Path::new("."),
-    };
-    if !parent.is_dir() {
-        bail!(
-            "--records {}: the directory {} does not exist",
-            out.display(),
-            parent.display()
-        );
-    }
-    Ok(())
+    let inputs: Vec<&std::path::Path> = inputs.into_iter().flatten().collect();
+    super::outputs::check_file_out("--records", out, &inputs)
 }
 
 /// One JSON line per record into `out`, through a temporary file renamed when complete.
@@ -169,18 +139,13 @@ pub(super) fn write_records<T: serde::Serialize>(
     out: &std::path::Path,
     records: &[T],
 ) -> Result<()> {
-    let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
-    let mut file = std::io::BufWriter::new(
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
-    );
-    for r in records {
-        serde_json::to_writer(&mut file, r)?;
-        writeln!(file)?;
-    }
-    file.flush()
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    drop(file);
-    std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))
+    super::outputs::write_atomic(out, |file| {
+        for r in records {
+            serde_json::to_writer(&mut *file, r)?;
+            writeln!(file)?;
+        }
+        Ok(())
+    })
 }
 
 pub fn run(args: Args) -> Result<()> {

@@ -107,6 +107,68 @@ pub fn remove_stale_weights(dir: &Path, before: &[String], written: &[String]) -
     Ok(())
 }
 
+/// Whether the existing `out` is `input` or lies inside the directory `input` (which a command
+/// may read recursively: a data directory, a model or run directory).
+fn reads_into(out: &Path, input: &Path) -> bool {
+    match (out.canonicalize(), input.canonicalize()) {
+        (Ok(out), Ok(input)) => out == input || (input.is_dir() && out.starts_with(&input)),
+        _ => false,
+    }
+}
+
+/// Before a command writes the file `out` (given as `flag`): it is not one of the files the
+/// command reads (`inputs`, or a file inside an input directory), not a directory, and its
+/// directory exists. Checked before any work; the file is then written through a temporary
+/// file beside it ([`write_atomic`]).
+pub fn check_file_out(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
+    if let Some(input) = inputs.iter().find(|input| reads_into(out, input)) {
+        let what = if input.is_dir() { "a file of " } else { "" };
+        bail!(
+            "{flag} {} would overwrite {what}{}, which this command reads; choose another file",
+            out.display(),
+            input.display()
+        );
+    }
+    if out.is_dir() {
+        bail!("{flag} {} is a directory; give a file name", out.display());
+    }
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "{flag} {}: the directory {} does not exist",
+            out.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
+
+/// Write `out` through a temporary file beside it (`write` fills it), renamed into place only
+/// when complete: an error or a kill leaves `out` as it was.
+pub fn write_atomic(
+    out: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>,
+) -> Result<()> {
+    use std::io::Write;
+    let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut file = std::io::BufWriter::new(file);
+    let written = write(&mut file).and_then(|()| {
+        file.flush()
+            .with_context(|| format!("writing {}", tmp.display()))
+    });
+    drop(file);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, out).with_context(|| format!("renaming into {}", out.display()))
+}
+
 /// Copy `src` to `dest` through a temporary file beside `dest`, renamed into place.
 pub fn copy_atomic(src: &Path, dest: &Path) -> Result<()> {
     let tmp = dest.with_extension(format!("tmp.{}", std::process::id()));

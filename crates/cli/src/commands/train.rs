@@ -2,15 +2,20 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use qwen_burn_model::DeviceSet;
 
 use super::ConfigArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    #[command(flatten)]
-    pub config: ConfigArgs,
+    /// Run config (TOML). With --resume and --run-dir it may be left out: the run directory's
+    /// own run.toml (the config its last start used, `--set`s included) is read instead.
+    #[arg(long, required_unless_present = "resume")]
+    pub config: Option<PathBuf>,
+    /// Override a config value, e.g. `--set optimizer.lr=3e-4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
     /// Device, or a list for data-parallel replicas: flex, ndarray, wgpu, cuda[:N], `flex,flex`,
     /// `cuda:0,cuda:1` (default: training.device of the config).
     #[arg(long)]
@@ -46,10 +51,27 @@ pub fn run(args: Args) -> Result<()> {
     if args.tui {
         overrides.push("logging.dashboard=true".into());
     }
-    let config = args.config.load(&overrides)?;
-    let run_dir = args
-        .run_dir
-        .unwrap_or_else(|| qwen_burn_train::run::default_run_dir(&args.config.config));
+    let (config_path, run_dir) = match (args.config, args.run_dir) {
+        (Some(config), run_dir) => {
+            let run_dir = run_dir.unwrap_or_else(|| qwen_burn_train::run::default_run_dir(&config));
+            (config, run_dir)
+        }
+        (None, Some(run_dir)) => {
+            let path = run_dir.join("run.toml");
+            eprintln!("resume: the run's config {}", path.display());
+            (path, run_dir)
+        }
+        (None, None) => bail!(
+            "--resume without --config needs --run-dir (the run to continue, whose run.toml \
+             is read); or give the --config the run was started with"
+        ),
+    };
+    check_run_dir(&run_dir)?;
+    let config_args = ConfigArgs {
+        config: config_path,
+        overrides: args.overrides,
+    };
+    let config = config_args.load(&overrides)?;
     let opts = qwen_burn_train::RunOptions {
         device: args.device,
         run_dir: run_dir.clone(),
@@ -72,6 +94,22 @@ pub fn run(args: Args) -> Result<()> {
         // A batch system sees that the run was stopped, not finished (README "What a run
         // promises").
         std::process::exit(128 + signal);
+    }
+    Ok(())
+}
+
+/// A run directory is never a model directory that is not a run: the run would write its own
+/// config.json over the model's.
+fn check_run_dir(run_dir: &std::path::Path) -> Result<()> {
+    let run = run_dir.join("run.toml").is_file() || run_dir.join("checkpoints").is_dir();
+    let weights = super::outputs::weight_files(run_dir);
+    if !run && !weights.is_empty() {
+        bail!(
+            "--run-dir {} holds a model ({}), not a run; a run there would write its own \
+             config.json over the model's. Choose another --run-dir",
+            run_dir.display(),
+            weights.join(", ")
+        );
     }
     Ok(())
 }

@@ -409,7 +409,13 @@ impl Qwen3Config {
     pub fn save(&self, dir: &Path) -> Result<()> {
         let path = dir.join("config.json");
         let text = serde_json::to_string_pretty(&self.to_hf_json()).expect("config serialises");
-        std::fs::write(&path, text).map_err(|e| ModelError::io("write", path, e))
+        // Through a temporary file renamed into place: a reader never sees half a config.
+        let tmp = dir.join(format!("config.json.tmp.{}", std::process::id()));
+        std::fs::write(&tmp, text).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            ModelError::io("write", &tmp, e)
+        })?;
+        std::fs::rename(&tmp, &path).map_err(|e| ModelError::io("rename", path, e))
     }
 
     /// Parameters of the model (embeddings and LM head counted once when tied).

@@ -153,8 +153,9 @@ pub fn branch_from(from: &Path, run_dir: &Path) -> Result<usize> {
         for file in ["metrics.jsonl", "samples.jsonl"] {
             let src = parent.join(file);
             if src.is_file() {
-                std::fs::copy(&src, run_dir.join(file))
-                    .map_err(|e| TrainError::io("copy", &src, e))?;
+                let (dest, tmp) = (run_dir.join(file), run_dir.join(format!("{file}.tmp")));
+                std::fs::copy(&src, &tmp).map_err(|e| TrainError::io("copy", &src, e))?;
+                std::fs::rename(&tmp, &dest).map_err(|e| TrainError::io("rename", &dest, e))?;
             }
         }
     }
