@@ -321,7 +321,29 @@ impl PreferenceData {
     /// one too, as TRL feeds them (an MoE router sees it). Longer sequences are cut to
     /// `seq_len`.
     pub fn batch(&self, pairs: &[usize], seq_len: usize, pad_id: u32, first_id: u32) -> Batch {
-        let t = seq_len;
+        self.rows_of(pairs, seq_len, pad_id, first_id)
+    }
+
+    /// [`Self::batch`] with rows as long as the batch's longest sequence (at most `seq_len`),
+    /// as TRL's `DataCollatorForPreference` pads: the padding after it would cost a forward and
+    /// a backward and change no real token's figures (the rows are causal).
+    pub fn batch_to_longest(
+        &self,
+        pairs: &[usize],
+        seq_len: usize,
+        pad_id: u32,
+        first_id: u32,
+    ) -> Batch {
+        let longest = pairs
+            .iter()
+            .flat_map(|&i| [&self.pairs[i].chosen, &self.pairs[i].rejected])
+            .map(|seq| seq.ids.len())
+            .max()
+            .unwrap_or(1);
+        self.rows_of(pairs, longest.clamp(1, seq_len.max(1)), pad_id, first_id)
+    }
+
+    fn rows_of(&self, pairs: &[usize], t: usize, pad_id: u32, first_id: u32) -> Batch {
         let rows = 2 * pairs.len();
         let (mut inputs, mut targets, mut mask) = (
             Vec::with_capacity(rows * t),

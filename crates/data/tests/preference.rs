@@ -166,3 +166,41 @@ fn identical_pairs_are_counted_and_long_ones_cut_as_trl_cuts_them() {
         "the completion (` c` and EOS) is kept whole"
     );
 }
+
+#[test]
+fn training_rows_are_as_long_as_the_longest_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = [
+        r#"{"prompt": "a b", "chosen": " c d e f g", "rejected": " c"}"#,
+        r#"{"prompt": "a", "chosen": " b", "rejected": " d e"}"#,
+    ]
+    .join("\n");
+    let data = load_text(dir.path(), &text).unwrap();
+    let longest = |pairs: &[usize]| {
+        pairs
+            .iter()
+            .flat_map(|&i| [data.pairs[i].chosen.ids.len(), data.pairs[i].rejected.ids.len()])
+            .max()
+            .unwrap()
+    };
+    for pairs in [vec![0, 1], vec![1]] {
+        let t = longest(&pairs);
+        let short = data.batch_to_longest(&pairs, 64, 0, 5);
+        let full = data.batch(&pairs, 64, 0, 5);
+        assert_eq!((short.seq_len, short.batch_size), (t, 2 * pairs.len()));
+        assert_eq!(short.pairs, full.pairs);
+        // Each row is the full row's first `t` columns; the rest of the full row is padding.
+        for r in 0..short.batch_size {
+            let cut = |v: &[i64]| v[r * 64..r * 64 + t].to_vec();
+            let widen = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+            let row = r * t..(r + 1) * t;
+            assert_eq!(widen(&short.inputs[row.clone()]), cut(&widen(&full.inputs)));
+            assert_eq!(short.targets[row.clone()].to_vec(), cut(&full.targets));
+            let (ms, mf) = (short.attention_mask.as_ref(), full.attention_mask.as_ref());
+            assert_eq!(ms.unwrap()[row], mf.unwrap()[r * 64..r * 64 + t]);
+            assert!(mf.unwrap()[r * 64 + t..(r + 1) * 64].iter().all(|&m| m == 0));
+        }
+    }
+    // Never longer than seq_len.
+    assert_eq!(data.batch_to_longest(&[0, 1], 3, 0, 0).seq_len, 3);
+}

@@ -80,11 +80,11 @@ pub(super) fn open(
     let val_batches = (0..val_pairs)
         .collect::<Vec<_>>()
         .chunks(t.batch_size)
-        .map(|pairs| val.batch(pairs, t.seq_len, pad, first_val))
+        .map(|pairs| val.batch_to_longest(pairs, t.seq_len, pad, first_val))
         .collect();
     let (data, seq_len) = (train.clone(), t.seq_len);
     let prefetcher = Prefetcher::spawn(d.prefetch, move || {
-        let batch = data.batch(&sampler.next_rows(), seq_len, pad, 0);
+        let batch = data.batch_to_longest(&sampler.next_rows(), seq_len, pad, 0);
         (batch, sampler.cursor())
     });
     let sets = PreferenceSets {
