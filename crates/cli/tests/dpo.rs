@@ -232,6 +232,24 @@ fn bad_preference_settings_and_rows_name_the_key_file_and_line() {
         &[],
     ));
     assert!(err.contains("preference.beta"), "{err}");
+    // RPO's NLL term: negative, or on a loss that is not DPOTrainer's.
+    for (sets, want) in [
+        (vec!["preference.sft_weight=-1"], "0 or above"),
+        (
+            vec!["preference.sft_weight=0.5", "preference.loss=\"simpo\""],
+            "sigmoid, hinge, ipo or robust",
+        ),
+    ] {
+        let mut args = vec!["train", "--config", s(&config), "--run-dir", s(&run)];
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        let err = fails(&qwen_burn(&args, &[]));
+        assert!(
+            err.contains("preference.sft_weight") && err.contains(want),
+            "{err}"
+        );
+    }
     let err = fails(&qwen_burn(
         &[
             "train",

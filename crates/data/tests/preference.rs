@@ -179,7 +179,12 @@ fn training_rows_are_as_long_as_the_longest_sequence() {
     let longest = |pairs: &[usize]| {
         pairs
             .iter()
-            .flat_map(|&i| [data.pairs[i].chosen.ids.len(), data.pairs[i].rejected.ids.len()])
+            .flat_map(|&i| {
+                [
+                    data.pairs[i].chosen.ids.len(),
+                    data.pairs[i].rejected.ids.len(),
+                ]
+            })
             .max()
             .unwrap()
     };
@@ -198,7 +203,11 @@ fn training_rows_are_as_long_as_the_longest_sequence() {
             assert_eq!(short.targets[row.clone()].to_vec(), cut(&full.targets));
             let (ms, mf) = (short.attention_mask.as_ref(), full.attention_mask.as_ref());
             assert_eq!(ms.unwrap()[row], mf.unwrap()[r * 64..r * 64 + t]);
-            assert!(mf.unwrap()[r * 64 + t..(r + 1) * 64].iter().all(|&m| m == 0));
+            assert!(
+                mf.unwrap()[r * 64 + t..(r + 1) * 64]
+                    .iter()
+                    .all(|&m| m == 0)
+            );
         }
     }
     // Never longer than seq_len.

@@ -1,6 +1,7 @@
 //! DPO against TRL (issue 38): on the pairs and models of `fixtures/dpo` (made by
 //! `make_dpo_fixture.py` with TRL 1.16.0's `DPOTrainer`, and its CPO and ORPO trainers' loss
-//! functions), each loss (sigmoid, hinge, ipo, robust, simpo, orpo), its reward and
+//! functions), each loss (sigmoid, hinge, ipo, robust, simpo, orpo, and sigmoid plus TRL's
+//! "sft" term weighted 0.5: `preference.sft_weight`), its reward and
 //! log-probability figures (and ORPO's), and its gradients with respect to four parameters
 //! equal TRL's within 1e-5 (relative to their scale), for a dense model and an MoE one (router
 //! gradients included).
@@ -80,6 +81,7 @@ fn check(config: &str, fixture: &str) {
         ("robust", PreferenceLoss::Robust),
         ("simpo", PreferenceLoss::Simpo),
         ("orpo", PreferenceLoss::Orpo),
+        ("sigmoid_sft", PreferenceLoss::Sigmoid),
     ] {
         let want = &expected["losses"][name];
         assert!(want.is_object(), "{name} missing from {fixture}");
@@ -87,6 +89,7 @@ fn check(config: &str, fixture: &str) {
             loss: kind,
             beta: want["beta"].as_f64().unwrap_or(beta),
             label_smoothing: want["label_smoothing"].as_f64().unwrap(),
+            sft_weight: want["sft_weight"].as_f64().unwrap_or(0.0),
             ..PreferenceConfig::default()
         };
         // The reference-free losses must not need the table: give them none.

@@ -18,6 +18,11 @@ pub struct PreferenceConfig {
     pub gamma: Option<f64>,
     /// The assumed share of flipped labels, for `robust`; in [0, 0.5).
     pub label_smoothing: f64,
+    /// Weight of an added NLL term: the micro-batch's mean negative log-probability of its
+    /// chosen completions' tokens (RPO; TRL's `loss_type = [loss, "sft"]` with
+    /// `loss_weights = [1, sft_weight]`, formerly `rpo_alpha`). 0 (default): none. For the
+    /// losses with a reference (`sigmoid`, `hinge`, `ipo`, `robust`).
+    pub sft_weight: f64,
     /// Which end of a sequence longer than `training.seq_len` tokens is kept:
     /// `keep_start` (drops a pair whose prompt alone is that long) or `keep_end`.
     pub truncation: TruncationMode,
@@ -30,6 +35,7 @@ impl Default for PreferenceConfig {
             beta: 0.1,
             gamma: None,
             label_smoothing: 0.0,
+            sft_weight: 0.0,
             truncation: TruncationMode::KeepStart,
         }
     }
@@ -128,6 +134,22 @@ impl PreferenceConfig {
                 "preference.label_smoothing",
                 format!(
                     "is read by loss = \"robust\" only, not \"{}\"; remove it or use robust",
+                    self.loss.as_str()
+                ),
+            ));
+        }
+        if !(self.sft_weight.is_finite() && self.sft_weight >= 0.0) {
+            return Err(TrainError::config(
+                "preference.sft_weight",
+                format!("is {}; it must be 0 or above", self.sft_weight),
+            ));
+        }
+        if self.sft_weight > 0.0 && !self.loss.needs_reference() {
+            return Err(TrainError::config(
+                "preference.sft_weight",
+                format!(
+                    "adds TRL DPOTrainer's \"sft\" term to sigmoid, hinge, ipo or robust, not to \
+                     \"{}\" (orpo has its own NLL term); remove it or change the loss",
                     self.loss.as_str()
                 ),
             ));

@@ -387,6 +387,21 @@ impl Objective for Preference {
                 nll.mul_scalar(p as f64) - ratio.sum().mul_scalar(beta)
             }
         };
+        // RPO: the micro-batch's token-mean NLL of its chosen completions (TRL's "sft" loss),
+        // once per pair, so that the step's mean over pairs is TRL's mean over micro-batches.
+        let w = self.config.sft_weight;
+        let sum = if w > 0.0 {
+            let count: f64 = tokens[..p].iter().sum();
+            let nll = chosen.clone().sum().neg().div_scalar(count.max(1.0));
+            extra.push(Figure {
+                name: "sft_loss",
+                sum: read(nll.clone())?[0] * p as f64,
+                count: p as f64,
+            });
+            sum + nll.mul_scalar(w * p as f64)
+        } else {
+            sum
+        };
         let (c, r) = (read(chosen)?, read(rejected)?);
         let numbers: Vec<PairNumbers> = (0..p)
             .map(|i| PairNumbers {

@@ -102,7 +102,18 @@ pub fn mean_loss(config: &PreferenceConfig, pairs: &[PairNumbers]) -> Option<f64
     if config.loss == PreferenceLoss::Orpo {
         loss += chosen_nll(pairs)?;
     }
+    if config.sft_weight > 0.0 {
+        loss += config.sft_weight * completion_nll(pairs);
+    }
     Some(loss)
+}
+
+/// The token-mean NLL of the chosen completions (TRL DPOTrainer's `"sft"` loss, weighted by
+/// `preference.sft_weight`).
+pub fn completion_nll(pairs: &[PairNumbers]) -> f64 {
+    let logp: f64 = pairs.iter().map(|p| p.policy[0]).sum();
+    let tokens: f64 = pairs.iter().map(|p| p.tokens[0].max(1.0)).sum();
+    -logp / tokens.max(1.0)
 }
 
 /// The token-mean NLL of the chosen sequences, prompt and completion (ORPO's SFT term, TRL's
@@ -174,5 +185,21 @@ mod tests {
         let terms = 0.5 * (neg_log_sigmoid(lor) + neg_log_sigmoid(log_odds_ratio(-4.0, -1.0)));
         let got = mean_loss(&orpo, &[p, q]).unwrap();
         assert!((got - (nll + terms / 2.0)).abs() < 1e-12, "{got}");
+    }
+
+    #[test]
+    fn the_sft_term_is_the_chosen_completions_token_mean_nll() {
+        // Chosen completions of -6 over 3 tokens and -4 over 1: (6 + 4) / 4, times 0.5.
+        let (p, q) = (
+            pair([-6.0, -9.0], [3.0, 3.0]),
+            pair([-4.0, -1.0], [1.0, 1.0]),
+        );
+        let plain = PreferenceConfig::default();
+        let rpo = PreferenceConfig {
+            sft_weight: 0.5,
+            ..Default::default()
+        };
+        let got = mean_loss(&rpo, &[p, q]).unwrap() - mean_loss(&plain, &[p, q]).unwrap();
+        assert!((got - 0.5 * 10.0 / 4.0).abs() < 1e-12, "{got}");
     }
 }
