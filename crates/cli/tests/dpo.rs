@@ -1,7 +1,8 @@
 //! Preference fine-tuning through the binary (issue 38): a DPO run from an HF model writes its
 //! reference log-probabilities once and its TRL-named figures; `--resume` reuses the reference
 //! and continues bit for bit; a changed pair file is refused on resume; `eval --pairs` agrees
-//! with the run's own step-0 validation; bad settings and rows name the key, file and line.
+//! with the run's own step-0 validation (with RPO's `sft_weight` too); bad settings and rows
+//! name the key, file and line.
 
 mod common;
 use common::*;
@@ -353,4 +354,74 @@ fn simpo_and_orpo_train_without_a_reference() {
         assert!(eval["loss"].as_f64().unwrap().is_finite(), "{loss}: {eval}");
         assert_eq!(eval["loss_type"], loss);
     }
+}
+
+#[test]
+fn an_rpo_runs_validation_loss_equals_eval_pairs_with_the_same_weight() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = tiny_hf_with_tokenizer(dir.path());
+    let pairs = repo_root().join("datasets/preference/austen_next_sentence.jsonl");
+    let config = dpo_config(dir.path(), &hf, &pairs, 1);
+    let run = dir.path().join("run");
+    ok(&qwen_burn(
+        &[
+            "train",
+            "--config",
+            s(&config),
+            "--run-dir",
+            s(&run),
+            "--set",
+            "preference.sft_weight=0.5",
+        ],
+        &[],
+    ));
+    let step0: serde_json::Value = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["split"] == "val" && r["step"] == 0)
+        .unwrap();
+    let train: serde_json::Value = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["split"] == "train")
+        .unwrap();
+    assert!(
+        train["figures"]["sft_loss"].as_f64().unwrap() > 0.0,
+        "{train}"
+    );
+    // The run validates on its first eval_batches x batch_size = 8 pairs, against the model it
+    // starts from.
+    let val_all = repo_root().join("datasets/preference/austen_next_sentence_val.jsonl");
+    let val = dir.path().join("val8.jsonl");
+    let text = std::fs::read_to_string(&val_all).unwrap();
+    std::fs::write(&val, text.lines().take(8).collect::<Vec<_>>().join("\n")).unwrap();
+    let eval = |weight: &str| -> f64 {
+        let out = ok(&qwen_burn(
+            &[
+                "eval",
+                "--model",
+                s(&hf),
+                "--pairs",
+                s(&val),
+                "--reference",
+                s(&hf),
+                "--sft-weight",
+                weight,
+            ],
+            &[],
+        ));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["loss"].as_f64().unwrap()
+    };
+    let (with, without) = (eval("0.5"), eval("0"));
+    let run_loss = step0["figures"]["preference/loss"].as_f64().unwrap();
+    assert!(
+        (with - run_loss).abs() <= 1e-5 * run_loss,
+        "eval --pairs {with} against the run's step 0 {run_loss}"
+    );
+    // At step 0 the policy is the reference: DPO's part is ln 2, the rest is the NLL term.
+    assert!((without - std::f64::consts::LN_2).abs() < 1e-6, "{without}");
+    assert!(with - without > 1.0, "{with} {without}");
 }

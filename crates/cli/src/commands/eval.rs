@@ -64,6 +64,10 @@ pub struct Args {
     /// With --pairs and --loss simpo: SimPO's gamma (default 0.5).
     #[arg(long, requires = "loss")]
     pub gamma: Option<f64>,
+    /// With --pairs: the weight of the chosen completions' token-mean NLL added to the loss
+    /// (RPO, `preference.sft_weight`; sigmoid, hinge, ipo and robust).
+    #[arg(long, requires = "pairs", default_value_t = 0.0)]
+    pub sft_weight: f64,
     /// With --task: few-shot examples before each question, drawn from the task's other
     /// questions.
     #[arg(long, default_value_t = 0, requires = "task")]
@@ -177,6 +181,7 @@ pub fn run(args: Args) -> Result<()> {
             loss: args.loss,
             beta: args.beta,
             gamma: args.gamma,
+            sft_weight: args.sft_weight,
             batch_pairs: args.batch_size,
         };
         let load = |path: &std::path::Path| {

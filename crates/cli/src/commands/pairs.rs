@@ -24,6 +24,7 @@ pub struct PairsArgs<'a> {
     pub loss: Option<PreferenceLoss>,
     pub beta: f64,
     pub gamma: Option<f64>,
+    pub sft_weight: f64,
     pub batch_pairs: usize,
 }
 
@@ -93,6 +94,7 @@ pub fn run_pairs(
             loss,
             beta: args.beta,
             gamma: args.gamma,
+            sft_weight: args.sft_weight,
             ..PreferenceConfig::default()
         };
         config.check()?;
@@ -132,6 +134,9 @@ pub fn run_pairs(
         out["beta"] = json!(args.beta);
         if loss == PreferenceLoss::Simpo {
             out["gamma"] = json!(config.simpo_gamma());
+        }
+        if config.sft_weight > 0.0 {
+            out["sft_weight"] = json!(config.sft_weight);
         }
         out["loss"] = json!(mean_loss(&config, &numbers));
         out["reward_accuracy"] = json!(mean(&|i| f64::from(u8::from(
