@@ -48,6 +48,15 @@ interval = 1
     path
 }
 
+/// Every record of a run's `metrics.jsonl`.
+fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn train_records(run: &Path) -> Vec<String> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
@@ -161,10 +170,8 @@ fn a_dpo_run_keeps_its_reference_resumes_exactly_and_eval_pairs_agrees() {
         &[],
     ));
     let eval: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    let step0: serde_json::Value = std::fs::read_to_string(straight.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    let step0 = metrics(&straight)
+        .into_iter()
         .find(|r| r["split"] == "val" && r["step"] == 0)
         .unwrap();
     assert_eq!(eval["pairs"], 8);
@@ -375,18 +382,12 @@ fn an_rpo_runs_validation_loss_equals_eval_pairs_with_the_same_weight() {
         ],
         &[],
     ));
-    let step0: serde_json::Value = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    let records = metrics(&run);
+    let step0 = records
+        .iter()
         .find(|r| r["split"] == "val" && r["step"] == 0)
         .unwrap();
-    let train: serde_json::Value = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|r| r["split"] == "train")
-        .unwrap();
+    let train = records.iter().find(|r| r["split"] == "train").unwrap();
     assert!(
         train["figures"]["sft_loss"].as_f64().unwrap() > 0.0,
         "{train}"
