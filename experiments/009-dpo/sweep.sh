@@ -3,10 +3,12 @@
 # run (configs/dpo.toml with the loss and beta changed), two seeds each. For each run: the
 # held-out preference accuracy (eval --pairs, no reference), Persuasion bits per byte and the
 # cloze task (the alignment tax). Appends one JSON line per run to OUT/results.jsonl.
-# Usage: experiments/009-dpo/sweep.sh BIN OUT   (from the repository root, runs/tiny present)
+# Usage: experiments/009-dpo/sweep.sh BIN OUT [SPEC...]   (from the repository root, runs/tiny
+# present); a SPEC is "name|key=value key=value" (default: round 2's runs below).
 set -euo pipefail
 BIN=$1
 OUT=$2
+shift 2
 mkdir -p "$OUT"
 VAL=datasets/preference/austen_style_val.jsonl
 # name | --set overrides
@@ -19,6 +21,7 @@ RUNS=(
   "simpo-b2-g1|preference.loss=\"simpo\" preference.beta=2.0 preference.gamma=1.0"
   "orpo-b0.1|preference.loss=\"orpo\" preference.beta=0.1"
 )
+if [ $# -gt 0 ]; then RUNS=("$@"); fi
 evaluate() { # model -> one JSON object of the held-out figures
   local pairs text task
   pairs=$("$BIN" eval --model "$1" --pairs "$VAL")
