@@ -17,6 +17,7 @@
 pub mod config;
 pub mod error;
 pub mod eval;
+mod files;
 pub mod objective;
 pub mod observe;
 pub mod optim;

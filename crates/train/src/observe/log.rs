@@ -36,16 +36,11 @@ impl MetricsLog {
                         .is_some_and(|s| s as usize <= last)
                 })
                 .collect();
-            let tmp = run_dir.join(format!("{name}.tmp"));
             let mut text = kept.join("\n");
             if !text.is_empty() {
                 text.push('\n');
             }
-            std::fs::write(&tmp, text).map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                TrainError::io("write", &tmp, e)
-            })?;
-            std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
+            crate::files::write_replacing(&path, text)?;
         } else if keep_until.is_none() && path.exists() {
             std::fs::remove_file(&path).map_err(|e| TrainError::io("remove", &path, e))?;
         }

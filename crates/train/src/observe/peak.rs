@@ -130,10 +130,8 @@ pub fn store_peak(cache: Option<&Path>, kind: BackendKind, record: &PeakRecord) 
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| TrainError::io("create", dir, e))?;
     }
-    let tmp = path.with_extension(format!("json.{}", std::process::id()));
     let text = serde_json::to_string_pretty(&all).expect("records serialise");
-    std::fs::write(&tmp, text).map_err(|e| TrainError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
+    crate::files::write_replacing(&path, text)?;
     Ok(path)
 }
 

@@ -126,9 +126,7 @@ pub(super) fn prepare<'a>(
         qwen_burn_data::tokenizer::copy_tokenizer_json(tok_path, &run_dir.join("tokenizer.json"))?;
     }
     copy_generation_config(config, run_dir)?;
-    let (path, tmp) = (run_dir.join("run.toml"), run_dir.join("run.toml.tmp"));
-    std::fs::write(&tmp, &run_toml).map_err(|e| TrainError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
+    crate::files::write_replacing(&run_dir.join("run.toml"), &run_toml)?;
     model.config.save(run_dir)?;
     let token_bytes = data.tokenizer().map_or_else(Vec::new, |t| t.token_bytes());
     undo.disarm();

@@ -103,10 +103,7 @@ pub fn copy_generation_config(config: &RunConfig, run_dir: &Path) -> Result<()> 
     for name in MODEL_SIDE_FILES {
         let src = source.join(name);
         if src.is_file() {
-            let dest = run_dir.join(name);
-            let tmp = run_dir.join(format!("{name}.tmp"));
-            std::fs::copy(&src, &tmp).map_err(|e| TrainError::io("copy", &src, e))?;
-            std::fs::rename(&tmp, &dest).map_err(|e| TrainError::io("rename", &dest, e))?;
+            crate::files::copy_replacing(&src, &run_dir.join(name))?;
         }
     }
     Ok(())
@@ -153,9 +150,7 @@ pub fn branch_from(from: &Path, run_dir: &Path) -> Result<usize> {
         for file in ["metrics.jsonl", "samples.jsonl"] {
             let src = parent.join(file);
             if src.is_file() {
-                let (dest, tmp) = (run_dir.join(file), run_dir.join(format!("{file}.tmp")));
-                std::fs::copy(&src, &tmp).map_err(|e| TrainError::io("copy", &src, e))?;
-                std::fs::rename(&tmp, &dest).map_err(|e| TrainError::io("rename", &dest, e))?;
+                crate::files::copy_replacing(&src, &run_dir.join(file))?;
             }
         }
     }
@@ -172,10 +167,7 @@ pub fn branch_from(from: &Path, run_dir: &Path) -> Result<usize> {
         "parent_run": parent_run.map(text),
         "step": state.step,
     });
-    let path = run_dir.join("branch.json");
-    let tmp = run_dir.join("branch.json.tmp");
-    std::fs::write(&tmp, format!("{record:#}\n")).map_err(|e| TrainError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
+    crate::files::write_replacing(&run_dir.join("branch.json"), format!("{record:#}\n"))?;
     Ok(state.step)
 }
 

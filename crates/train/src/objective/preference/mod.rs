@@ -42,7 +42,9 @@ use crate::step::batch::{batch_documents, input_tensors, target_tensor};
 mod numbers;
 mod reference;
 
-pub use numbers::{PairNumbers, chosen_nll, log_odds_ratio, mean_loss, neg_log_sigmoid};
+pub use numbers::{
+    PairNumbers, chosen_nll, completion_nll, log_odds_ratio, mean_loss, neg_log_sigmoid,
+};
 
 /// The preference objective of a run.
 pub struct Preference {
@@ -393,11 +395,6 @@ impl Objective for Preference {
         let sum = if w > 0.0 {
             let count: f64 = tokens[..p].iter().sum();
             let nll = chosen.clone().sum().neg().div_scalar(count.max(1.0));
-            extra.push(Figure {
-                name: "sft_loss",
-                sum: read(nll.clone())?[0] * p as f64,
-                count: p as f64,
-            });
             sum + nll.mul_scalar(w * p as f64)
         } else {
             sum
@@ -438,6 +435,10 @@ impl Objective for Preference {
             figure("logps/chosen", c),
             figure("logps/rejected", r),
         ];
+        if w > 0.0 {
+            // The term's value from the numbers read above (no second read of the device).
+            figures.push(figure("sft_loss", vec![completion_nll(&numbers); p]));
+        }
         figures.extend(extra);
         Ok(ObjectiveLoss {
             loss: sum.clone() / step_units,

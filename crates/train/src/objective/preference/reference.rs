@@ -89,8 +89,6 @@ pub fn load_or_compute(
         )?);
     }
     let value = serde_json::json!({"fingerprint": fingerprint, "logps": table});
-    let tmp = run_dir.join(format!("{REFERENCE_FILE}.tmp"));
-    std::fs::write(&tmp, value.to_string()).map_err(|e| TrainError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| TrainError::io("rename", &path, e))?;
+    crate::files::write_replacing(&path, value.to_string())?;
     Ok(table)
 }
