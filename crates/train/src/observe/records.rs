@@ -39,12 +39,20 @@ pub struct TrainRecord {
     /// Global gradient norm before clipping.
     #[serde(deserialize_with = "nan_if_null")]
     pub grad_norm: f64,
-    /// Training throughput since the previous record.
+    /// Training throughput since the previous record: input tokens a second, padding included
+    /// (the positions the devices computed).
     pub tokens_per_sec: f64,
-    /// Model FLOP utilisation against the devices' peak.
+    /// Model FLOP utilisation against the devices' peak: the model FLOPs of the non-padding
+    /// tokens since the previous record, a second, over the peak (padding is not counted as
+    /// useful work).
     pub mfu: f64,
-    /// Tokens consumed so far.
+    /// Input tokens consumed so far, padding included.
     pub tokens_seen: u64,
+    /// Of those, the tokens that are not padding (TRL's `num_tokens`, HF Trainer's
+    /// `num_input_tokens_seen` with `include_num_input_tokens_seen = "non_padding"`); absent in
+    /// a run resumed from a checkpoint written before this count existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_padding_tokens_seen: Option<u64>,
     /// Training wall time so far, seconds (resumes included).
     pub elapsed_secs: f64,
     /// The update was dropped (`training.on_nonfinite = "skip"`).
@@ -256,6 +264,7 @@ mod tests {
             tokens_per_sec: 100.0,
             mfu: 0.1,
             tokens_seen: 300,
+            non_padding_tokens_seen: Some(250),
             elapsed_secs: 1.0,
             skipped: true,
             figures: Default::default(),

@@ -38,6 +38,10 @@ pub struct TrainState {
     pub step: usize,
     /// Training tokens consumed (inputs, padding included).
     pub tokens_seen: u64,
+    /// Of those, the tokens that are not padding. Absent in checkpoints written before it
+    /// existed: a run resumed from one does not log it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_padding_tokens_seen: Option<u64>,
     /// Data sampler cursor after the last consumed batch (`null` before the first step).
     pub data_cursor: Option<Cursor>,
     /// Seed of init and data order.

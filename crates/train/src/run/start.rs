@@ -252,6 +252,7 @@ pub fn start_run(
                 format_version: FORMAT_VERSION,
                 step: 0,
                 tokens_seen: 0,
+                non_padding_tokens_seen: Some(0),
                 data_cursor: None,
                 seed: config.training.seed,
                 val_loss: None,

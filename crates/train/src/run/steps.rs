@@ -37,6 +37,7 @@ pub(super) struct Course {
     started: Instant,
     elapsed_before: f64,
     window_tokens: usize,
+    window_non_padding: usize,
     window_start: Instant,
     tokens_this_process: usize,
     consecutive_skips: usize,
@@ -142,6 +143,7 @@ impl Loop<'_> {
             started: Instant::now(),
             elapsed_before: state.elapsed_secs,
             window_tokens: 0,
+            window_non_padding: 0,
             window_start: Instant::now(),
             tokens_this_process: 0,
             consecutive_skips: 0,
@@ -226,9 +228,13 @@ impl Loop<'_> {
         }
         state.step += 1;
         state.tokens_seen += stats.tokens as u64;
+        if let Some(n) = state.non_padding_tokens_seen.as_mut() {
+            *n += stats.non_padding_tokens as u64;
+        }
         state.data_cursor = cursor;
         state.val_loss = None;
         course.window_tokens += stats.tokens;
+        course.window_non_padding += stats.non_padding_tokens;
         course.tokens_this_process += stats.tokens;
         Ok((model, Taken { stats, lr, skipped }))
     }
@@ -255,7 +261,8 @@ impl Loop<'_> {
         if s.is_multiple_of(self.config.logging.interval) || s == max_steps || s == 1 || skipped {
             let secs = course.window_start.elapsed().as_secs_f64().max(1e-9);
             let tps = course.window_tokens as f64 / secs;
-            let mfu = tps * course.flops_per_token / course.peak;
+            let mfu =
+                course.window_non_padding as f64 / secs * course.flops_per_token / course.peak;
             let worst = moe
                 .then(|| MoeWorst::of(&stats.router_stats(), stats.capped_stats().as_deref()))
                 .flatten();
@@ -267,6 +274,7 @@ impl Loop<'_> {
                 tokens_per_sec: tps,
                 mfu,
                 tokens_seen: state.tokens_seen,
+                non_padding_tokens_seen: state.non_padding_tokens_seen,
                 elapsed_secs: course.elapsed(),
                 skipped,
                 figures: stats.figure_means(),
@@ -299,6 +307,7 @@ impl Loop<'_> {
             }
             course.progress.line(&line);
             course.window_tokens = 0;
+            course.window_non_padding = 0;
             course.window_start = Instant::now();
         }
         course.progress.step(s, &format!("loss {:.4}", stats.loss));

@@ -229,6 +229,7 @@ impl<'a> Step<'a> {
                 stack,
             } = fwd;
             stats.tokens += batch.batch_size * batch.seq_len;
+            stats.non_padding_tokens += real_tokens(batch);
             let parts = add_router_losses(
                 &model.config,
                 objective.loss,

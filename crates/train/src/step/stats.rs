@@ -22,8 +22,11 @@ pub struct StepStats {
     pub assignment_loss: Option<f64>,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Tokens processed (inputs of all micro-batches).
+    /// Tokens processed (inputs of all micro-batches, padding included).
     pub tokens: usize,
+    /// Of those, the tokens that are not padding (the attention mask's ones; every input of
+    /// packed or unpadded rows).
+    pub non_padding_tokens: usize,
     /// Per MoE layer, slots routed to each expert over the whole step (the selection actually
     /// used, biased when aux-loss-free balancing is on).
     pub expert_counts: Vec<Vec<usize>>,
@@ -74,6 +77,7 @@ impl StepStats {
         self.z_loss = add(self.z_loss, other.z_loss);
         self.assignment_loss = add(self.assignment_loss, other.assignment_loss);
         self.tokens += other.tokens;
+        self.non_padding_tokens += other.non_padding_tokens;
         add_counts(&mut self.expert_counts, &other.expert_counts);
         add_counts(&mut self.uncapped_counts, &other.uncapped_counts);
         add_sums(&mut self.router_input_sums, &other.router_input_sums);

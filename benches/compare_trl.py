@@ -1,0 +1,214 @@
+"""Side by side: qwen-burn's DPO against HF TRL's `DPOTrainer` on the same machine, alternating.
+
+Jobs (`--jobs`, default both), each round running ours then TRL, each in its own process:
+- `tiny`: `configs/dpo.toml` as shipped: full fine-tuning of the README's tiny run (RUN, default
+  `runs/tiny`, exported once to an HF directory for TRL) on `datasets/preference/austen_style.jsonl`
+  with the shipped tokenizer: 8 pairs a step, `max_length` 128 (`keep_start`), AdamW lr 3e-4, no
+  weight decay, clip 1.0, beta 0.1, the reference's log-probabilities computed before the first
+  step on both sides (TRL's `precompute_ref_log_probs=True`), rows padded to the micro-batch's
+  longest on both sides. Ours is `qwen-burn train` with a record every step; a step's time is
+  the difference of consecutive records' `elapsed_secs` (TRL: of consecutive `on_step_end`
+  calls), so both include the batch's collation.
+- `lora`: LoRA DPO on the Qwen3-0.6B shape (`configs/bench-lora-0.6b.toml`: random weights, r 8 /
+  alpha 16 on the seven projections, AdamW, clip 1.0), one pair a step of a 128-token prompt and
+  two 128-token completions (rows of 256), random tokens. Ours is `qwen-burn bench train --set
+  data.kind="preference"`; TRL gets the same shapes as pre-tokenized pairs, with PEFT, its
+  reference log-probabilities precomputed (outside the timed steps, as ours).
+
+Both sides use `THREADS` threads (torch.set_num_threads; ours uses every core of this 2-core
+machine). Prints one line per measurement (with the 1-minute load average before it) and a
+summary of the medians' ratios TRL / ours (> 1: we are faster) and peak RSS (ru_maxrss of TRL's
+process; ours: `peak_rss_mb` of `bench train`, ru_maxrss of the `train` process for `tiny`).
+
+    python benches/compare_trl.py [--jobs tiny lora] [--rounds 2] [--steps 40] [--lora-steps 5]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_pytorch import BIN, ROOT, hf_model, load, ours_train, rss_mb  # noqa: E402
+
+EOS = "<|endoftext|>"
+
+
+def tokenizer():
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast(tokenizer_file=os.path.join(ROOT, "datasets/tokenizer.json"), eos_token=EOS,
+                                   pad_token=EOS)
+
+
+def trl_args(out, steps, batch, cfg, max_length, seed):
+    """TRL's arguments for a config's optimizer (AdamW with its betas, eps, weight decay and
+    clip; qwen-burn's defaults where it says nothing) and schedule (cosine to `min_lr`)."""
+    from trl import DPOConfig
+    o, s = cfg["optimizer"], cfg.get("schedule", {})
+    return DPOConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=o["lr"],
+                     adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.95), adam_epsilon=o.get("eps", 1e-8),
+                     weight_decay=o.get("weight_decay", 0.1), max_grad_norm=o.get("grad_clip", 1.0),
+                     lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": s.get("min_lr", 0.0)},
+                     warmup_steps=s.get("warmup_steps", 0),
+                     beta=0.1, loss_type=["sigmoid"], max_length=max_length, truncation_mode="keep_start",
+                     precompute_ref_log_probs=True, use_cpu=True, report_to="none", save_strategy="no",
+                     eval_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+                     seed=seed, bf16=False, fp16=False)
+
+
+def trl_run(trainer_cls, warmup, **kw):
+    """Trains and returns the seconds between consecutive steps' ends (the first `warmup` left
+    out; the first step's own time is not among them), the logged losses and the peak RSS."""
+    from transformers import TrainerCallback
+
+    class Ends(TrainerCallback):
+        def __init__(self):
+            self.ends, self.losses = [], []
+
+        def on_step_end(self, args, state, control, **_):
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **_):
+            if logs and "loss" in logs:
+                self.losses.append(logs["loss"])
+
+    ends = Ends()
+    trainer = trainer_cls(callbacks=[ends], **kw)
+    trainer.train()
+    gaps = [b - a for a, b in zip(ends.ends, ends.ends[1:])][warmup:]
+    return {"step_s_median": statistics.median(gaps), "steps_timed": len(gaps), "losses": ends.losses,
+            "peak_rss_mb": rss_mb()}
+
+
+def trl_tiny(args):
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM
+    from trl import DPOTrainer
+    torch.set_num_threads(args.threads)
+    cfg = tomllib.load(open(os.path.join(ROOT, "configs/dpo.toml"), "rb"))
+    t = cfg["training"]
+    data = load_dataset("json", data_files=os.path.join(ROOT, cfg["data"]["inputs"][0]), split="train")
+    model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as out:
+        res = trl_run(DPOTrainer, args.warmup, model=model, processing_class=tokenizer(), train_dataset=data,
+                      args=trl_args(out, args.steps, t["batch_size"], cfg, t["seq_len"], t["seed"]))
+    res["loss_last"] = res.pop("losses")[-1]
+    return res
+
+
+def trl_lora(args):
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOTrainer
+
+    class Pretokenized(DPOTrainer):
+        def _prepare_dataset(self, dataset, *_, **__):
+            return dataset
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = tomllib.load(open(os.path.join(ROOT, "configs/bench-lora-0.6b.toml"), "rb"))
+    t, lc, v = cfg["training"], cfg["lora"], cfg["model"]["vocab_size"]
+    half = t["seq_len"] // 2
+    n = args.lora_steps + args.warmup + 1
+    g = torch.Generator().manual_seed(0)
+    ids = lambda: torch.randint(0, v, (half,), generator=g).tolist()  # noqa: E731
+    data = Dataset.from_list([{"prompt_ids": ids(), "chosen_ids": ids(), "rejected_ids": ids()} for _ in range(n)])
+    model = hf_model(cfg)
+    peft = LoraConfig(r=lc["rank"], lora_alpha=lc["alpha"], lora_dropout=0.0, target_modules=lc["targets"])
+    with tempfile.TemporaryDirectory() as out:
+        res = trl_run(Pretokenized, args.warmup, model=model, processing_class=tokenizer(), train_dataset=data,
+                      peft_config=peft, args=trl_args(out, n, 1, cfg, t["seq_len"], 0))
+    res["tokens_per_sec"] = 2 * t["seq_len"] / res["step_s_median"]
+    res["loss_last"] = res.pop("losses")[-1]
+    return res
+
+
+def ours_tiny(args):
+    """`qwen-burn train --config configs/dpo.toml` for `steps` steps, a record every step."""
+    with tempfile.TemporaryDirectory() as run:
+        cmd = [BIN, "train", "--config", "configs/dpo.toml", "--run-dir", run, "--set", f"model.from=\"{args.run}\"",
+               "--set", f"training.max_steps={args.steps}", "--set", "logging.interval=1",
+               "--set", f"training.eval_interval={args.steps + 1}", "--set", f"checkpoint.interval={args.steps}"]
+        with tempfile.TemporaryFile() as log:
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            _, status, usage = os.wait4(p.pid, 0)
+            if status != 0:
+                log.seek(0)
+                sys.exit(f"{' '.join(cmd)} failed:\n{log.read().decode(errors='replace')[-3000:]}")
+        recs = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    train = {}
+    for r in recs:
+        if "elapsed_secs" in r and "grad_norm" in r:
+            train[r["step"]] = r
+    steps = sorted(train)
+    gaps = [train[b]["elapsed_secs"] - train[a]["elapsed_secs"] for a, b in zip(steps, steps[1:])][args.warmup:]
+    return {"step_s_median": statistics.median(gaps), "steps_timed": len(gaps), "loss_last": train[steps[-1]]["loss"],
+            "peak_rss_mb": usage.ru_maxrss / 1024}
+
+
+def ours_lora(args):
+    res = ours_train("configs/bench-lora-0.6b.toml", args.lora_steps, args.warmup, sets=['data.kind="preference"'])
+    res["step_s_median"] = res["step_ms_median"] / 1e3
+    res["loss_last"] = res["final_loss"]
+    return res
+
+
+def child(job, args):
+    """TRL's job in its own process (its own peak RSS)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--trl-job", job, "--steps", str(args.steps),
+           "--lora-steps", str(args.lora_steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+           "--run", args.run, "--hf-dir", args.hf_dir or ""]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        sys.exit(f"TRL's {job} job failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", nargs="+", choices=["tiny", "lora"], default=["tiny", "lora"])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=40, help="steps of the tiny job")
+    ap.add_argument("--lora-steps", type=int, default=5, help="timed steps of the LoRA job")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--run", default="runs/tiny", help="the tiny job's starting run")
+    ap.add_argument("--hf-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--trl-job", choices=["tiny", "lora"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.trl_job:
+        print(json.dumps({"tiny": trl_tiny, "lora": trl_lora}[args.trl_job](args)))
+        return
+    with tempfile.TemporaryDirectory() as hf:
+        if "tiny" in args.jobs:
+            args.hf_dir = os.path.join(hf, "model")
+            subprocess.run([BIN, "export", "--checkpoint", args.run, "--out", args.hf_dir], check=True,
+                           capture_output=True, cwd=ROOT)
+        results = {j: {"ours": [], "trl": []} for j in args.jobs}
+        for r in range(args.rounds):
+            for job in args.jobs:
+                for side, fn in (("ours", {"tiny": ours_tiny, "lora": ours_lora}[job]),
+                                 ("trl", lambda a, j=job: child(j, a))):
+                    la = load()
+                    res = fn(args)
+                    results[job][side].append(res)
+                    print(f"round {r + 1} {job:>4} {side:>4} (load {la:.2f}): step {res['step_s_median']:.3f} s "
+                          f"median of {res.get('steps_timed', res.get('steps'))}, peak RSS "
+                          f"{res['peak_rss_mb']:.0f} MB, "
+                          f"last loss {res['loss_last']:.4f}", flush=True)
+    print("\nsummary (TRL / ours: > 1 means qwen-burn is faster; RSS ours / TRL)")
+    for job, sides in results.items():
+        for r, (o, t) in enumerate(zip(sides["ours"], sides["trl"])):
+            print(f"{job:>4} round {r + 1}: speed {t['step_s_median'] / o['step_s_median']:.2f}x, "
+                  f"RSS {o['peak_rss_mb'] / t['peak_rss_mb']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
