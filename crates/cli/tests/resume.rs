@@ -424,3 +424,51 @@ fn a_branch_equals_its_parent_until_its_own_decay() {
         stderr(&out)
     );
 }
+
+/// `non_padding_tokens_seen` equals `tokens_seen` on pretraining rows (no padding), and a run
+/// resumed from a checkpoint written before the count existed leaves it out instead of
+/// restarting it from 0.
+#[test]
+fn a_checkpoint_without_the_non_padding_count_resumes_without_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path(), false, 6, 3, "");
+    let run = tmp.path().join("run");
+    let args = ["train", "--config", s(&config), "--run-dir", s(&run)];
+    let killed = qwen_burn(&args, &[("QWEN_BURN_ABORT_AFTER_STEP", "3")]);
+    assert!(
+        !killed.status.success(),
+        "the first half must have been killed"
+    );
+    let state_path = run.join("checkpoints/step-00000003/state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap()).unwrap();
+    assert_eq!(state["non_padding_tokens_seen"], state["tokens_seen"]);
+    state
+        .as_object_mut()
+        .unwrap()
+        .remove("non_padding_tokens_seen");
+    std::fs::write(&state_path, state.to_string()).unwrap();
+    ok(&qwen_burn(&[&args[..], &["--resume"]].concat(), &[]));
+
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let train: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["split"] == "train")
+        .collect();
+    assert_eq!(train.len(), 6, "{text}");
+    for r in &train {
+        let step = r["step"].as_u64().unwrap();
+        if step <= 3 {
+            assert_eq!(
+                r["non_padding_tokens_seen"], r["tokens_seen"],
+                "step {step}"
+            );
+        } else {
+            assert!(
+                r.get("non_padding_tokens_seen").is_none(),
+                "step {step}: {r}"
+            );
+        }
+    }
+}
