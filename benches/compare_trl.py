@@ -59,24 +59,25 @@ def tokenizer():
                                    pad_token=EOS)
 
 
-def trl_args(out, steps, batch, cfg, max_length, seed, kind="dpo", **extra):
-    """TRL's arguments for a config's optimizer (AdamW with its betas, eps, weight decay and
-    clip; qwen-burn's defaults where it says nothing) and schedule (cosine to `min_lr`): DPO's
-    (beta 0.1, sigmoid, the reference precomputed) or, with `kind="sft"`, SFT's (`extra`)."""
-    from trl import DPOConfig, SFTConfig
+def trl_args(config_cls, out, steps, batch, cfg, seed, **extra):
+    """TRL's arguments (`config_cls`: DPOConfig, SFTConfig, GRPOConfig) for a config's optimizer
+    (AdamW with its betas, eps, weight decay and clip; qwen-burn's defaults where it says
+    nothing) and schedule (cosine to `min_lr`), plus the trainer's own settings (`extra`)."""
     o, s = cfg["optimizer"], cfg.get("schedule", {})
-    if kind == "dpo":
-        extra = dict(beta=0.1, loss_type=["sigmoid"], truncation_mode="keep_start", precompute_ref_log_probs=True,
-                     **extra)
-    return (DPOConfig if kind == "dpo" else SFTConfig)(
-                     output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=o["lr"],
-                     adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.95), adam_epsilon=o.get("eps", 1e-8),
-                     weight_decay=o.get("weight_decay", 0.1), max_grad_norm=o.get("grad_clip", 1.0),
-                     lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": s.get("min_lr", 0.0)},
-                     warmup_steps=s.get("warmup_steps", 0), max_length=max_length, use_cpu=True,
-                     report_to="none", save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True,
-                     dataloader_num_workers=0,
-                     seed=seed, bf16=False, fp16=False, **extra)
+    return config_cls(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=o["lr"],
+                      adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.95), adam_epsilon=o.get("eps", 1e-8),
+                      weight_decay=o.get("weight_decay", 0.1), max_grad_norm=o.get("grad_clip", 1.0),
+                      lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": s.get("min_lr", 0.0)},
+                      warmup_steps=s.get("warmup_steps", 0), use_cpu=True, report_to="none", save_strategy="no",
+                      eval_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0, seed=seed,
+                      bf16=False, fp16=False, **extra)
+
+
+def dpo_args(out, steps, batch, cfg, max_length, seed):
+    """DPOTrainer's: beta 0.1, sigmoid, `keep_start`, the reference precomputed."""
+    from trl import DPOConfig
+    return trl_args(DPOConfig, out, steps, batch, cfg, seed, max_length=max_length, beta=0.1,
+                    loss_type=["sigmoid"], truncation_mode="keep_start", precompute_ref_log_probs=True)
 
 
 def trl_run(trainer_cls, warmup, **kw):
@@ -115,7 +116,7 @@ def trl_tiny(args):
     model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as out:
         res = trl_run(DPOTrainer, args.warmup, model=model, processing_class=tokenizer(), train_dataset=data,
-                      args=trl_args(out, args.steps, t["batch_size"], cfg, t["seq_len"], t["seed"]))
+                      args=dpo_args(out, args.steps, t["batch_size"], cfg, t["seq_len"], t["seed"]))
     res["loss_last"] = res.pop("losses")[-1]
     return res
 
@@ -143,7 +144,7 @@ def trl_lora(args):
     peft = LoraConfig(r=lc["rank"], lora_alpha=lc["alpha"], lora_dropout=0.0, target_modules=lc["targets"])
     with tempfile.TemporaryDirectory() as out:
         res = trl_run(Pretokenized, args.warmup, model=model, processing_class=tokenizer(), train_dataset=data,
-                      peft_config=peft, args=trl_args(out, n, 1, cfg, t["seq_len"], 0))
+                      peft_config=peft, args=dpo_args(out, n, 1, cfg, t["seq_len"], 0))
     res["tokens_per_sec"] = 2 * t["seq_len"] / res["step_s_median"]
     res["loss_last"] = res.pop("losses")[-1]
     return res
@@ -158,7 +159,7 @@ def trl_sft(args):
     from datasets import load_dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
-    from trl import SFTTrainer
+    from trl import SFTConfig, SFTTrainer
     torch.set_num_threads(args.threads)
     cfg = tomllib.load(open(os.path.join(ROOT, SFT_CONFIG), "rb"))
     t, lc = cfg["training"], cfg["lora"]
@@ -170,8 +171,9 @@ def trl_sft(args):
     with tempfile.TemporaryDirectory() as out:
         res = trl_run(SFTTrainer, args.warmup, model=model, processing_class=tok, train_dataset=data,
                       peft_config=peft,
-                      args=trl_args(out, args.steps, t["batch_size"], cfg, t["seq_len"], t["seed"], kind="sft",
-                                    assistant_only_loss=True, packing=True, packing_strategy="bfd"))
+                      args=trl_args(SFTConfig, out, args.steps, t["batch_size"], cfg, t["seed"],
+                                    max_length=t["seq_len"], assistant_only_loss=True, packing=True,
+                                    packing_strategy="bfd"))
     res["loss_last"] = res.pop("losses")[-1]
     return res
 
@@ -189,7 +191,7 @@ def trl_grpo(args):
     from trl import GRPOConfig, GRPOTrainer
     torch.set_num_threads(args.threads)
     cfg = tomllib.load(open(os.path.join(ROOT, GRPO_CONFIG), "rb"))
-    t, rl, o, s = cfg["training"], cfg["rl"], cfg["optimizer"], cfg.get("schedule", {})
+    t, rl = cfg["training"], cfg["rl"]
     data = load_dataset("json", data_files=os.path.join(ROOT, cfg["data"]["inputs"][0]), split="train")
     model = AutoModelForCausalLM.from_pretrained(args.grpo_hf_dir, dtype=torch.float32)
     tok = tokenizer()
@@ -209,16 +211,10 @@ def trl_grpo(args):
         return [float(answer_of(x) is not None and answer_of(x) == answer_of(a)) for x, a in zip(texts, answer)]
 
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), max_steps=args.grpo_steps, per_device_train_batch_size=t["batch_size"] * rl[
-            "group_size"], num_generations=rl["group_size"], max_completion_length=rl["max_new_tokens"],
-        temperature=rl["temperature"], loss_type=rl["loss_type"], beta=rl["beta"], learning_rate=o["lr"],
-        adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.95), adam_epsilon=o.get("eps", 1e-8),
-        weight_decay=o.get("weight_decay", 0.1), max_grad_norm=o.get("grad_clip", 1.0),
-        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": s.get("min_lr", 0.0)},
-        warmup_steps=s.get("warmup_steps", 0), use_cpu=True, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, seed=t["seed"], bf16=False,
-        generation_kwargs={"eos_token_id": [tok.eos_token_id, im_end]})
+    config = trl_args(GRPOConfig, tempfile.mkdtemp(), args.grpo_steps, t["batch_size"] * rl["group_size"], cfg,
+                      t["seed"], num_generations=rl["group_size"], max_completion_length=rl["max_new_tokens"],
+                      temperature=rl["temperature"], loss_type=rl["loss_type"], beta=rl["beta"],
+                      generation_kwargs={"eos_token_id": [tok.eos_token_id, im_end]})
     res = trl_run(GRPOTrainer, args.warmup, model=model, processing_class=tok, train_dataset=data,
                   reward_funcs=[exact_match], args=config)
     res["loss_last"] = res.pop("losses")[-1]

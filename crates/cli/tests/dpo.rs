@@ -48,15 +48,6 @@ interval = 1
     path
 }
 
-/// Every record of a run's `metrics.jsonl`.
-fn metrics(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 fn train_records(run: &Path) -> Vec<String> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
@@ -332,11 +323,7 @@ fn simpo_and_orpo_train_without_a_reference() {
             &[],
         ));
         assert!(!run.join("reference_logps.json").exists(), "{loss}");
-        let records: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let records = metrics(&run);
         let train = records.iter().find(|r| r["split"] == "train").unwrap();
         let figures = &train["figures"];
         assert!(figures["rewards/chosen"].is_number(), "{loss}: {train}");

@@ -450,13 +450,8 @@ fn a_checkpoint_without_the_non_padding_count_resumes_without_it() {
     std::fs::write(&state_path, state.to_string()).unwrap();
     ok(&qwen_burn(&[&args[..], &["--resume"]].concat(), &[]));
 
-    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    let train: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["split"] == "train")
-        .collect();
-    assert_eq!(train.len(), 6, "{text}");
+    let train = train_metrics(&run);
+    assert_eq!(train.len(), 6, "{train:?}");
     for r in &train {
         let step = r["step"].as_u64().unwrap();
         if step <= 3 {

@@ -46,12 +46,7 @@ fn ours_and_theirs(fixture: &str) -> (Vec<Value>, Vec<Value>) {
     )
     .expect("expected.json parses");
     let theirs = expected["steps"].as_array().expect("steps").clone();
-    let ours: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON record"))
-        .filter(|v| v["split"] == "train")
-        .collect();
+    let ours = train_metrics(&run);
     assert_eq!(ours.len(), theirs.len(), "one record a step on both sides");
     assert!(theirs.len() >= 10, "the fixture covers a run, not a step");
     // The run moved: a check of a run, not of its first step.

@@ -107,6 +107,23 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
 }
 
+/// Every record of a run's `metrics.jsonl`, in order.
+pub fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record"))
+        .collect()
+}
+
+/// The train records of a run's `metrics.jsonl`, in order.
+pub fn train_metrics(run: &Path) -> Vec<serde_json::Value> {
+    metrics(run)
+        .into_iter()
+        .filter(|v| v["split"] == "train")
+        .collect()
+}
+
 /// `(step, loss)` of the train records of a run.
 pub fn train_losses(run: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
