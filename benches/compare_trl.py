@@ -16,10 +16,16 @@ Jobs (`--jobs`, default all three), each round running ours then TRL, each in it
   data.kind="preference"`; TRL gets the same shapes as pre-tokenized pairs, with PEFT, its
   reference log-probabilities precomputed (outside the timed steps, as ours).
 - `sft`: `configs/finetune.toml` as shipped: LoRA chat SFT (r 8, PEFT on TRL's side) of the same
-  tiny run on `datasets/chat/shakespeare_chat.jsonl`, 16 rows of 64 tokens a step,
+  tiny run on `datasets/chat/shakespeare_chat.jsonl`, 8 rows of 128 tokens a step,
   conversations packed into rows; TRL's `SFTTrainer` with `packing=True` (`bfd`: padding-free, positions restarting per
   conversation, as our document mask) and `assistant_only_loss` with a ChatML template marking
   the replies and their <|im_end|>. Timed as `tiny`.
+
+Activation checkpointing (`--checkpointing`): TRL 1.16.0's DPOConfig, SFTConfig and GRPOConfig turn
+HF's `gradient_checkpointing` on by default (each decoder layer recomputed in the backward);
+qwen-burn's `training.activation_checkpointing` is off by default. `shipped` runs each side as
+it ships (TRL recomputing, ours not); `off` turns TRL's off; `on` turns ours on ("layers") with
+TRL's, so that the speed and the peak RSS compare the same work.
 
 Both sides use `THREADS` threads (torch.set_num_threads; ours uses every core of this 2-core
 machine). Prints one line per measurement (with the 1-minute load average before it) and a
@@ -27,6 +33,7 @@ summary of the medians' ratios TRL / ours (> 1: we are faster) and peak RSS (ru_
 process; ours: `peak_rss_mb` of `bench train`, ru_maxrss of the `train` process otherwise).
 
     python benches/compare_trl.py [--jobs tiny lora sft] [--rounds 2] [--steps 40] [--lora-steps 5]
+                                  [--checkpointing shipped|off|on]
 """
 import argparse
 import json
@@ -43,6 +50,10 @@ from compare_pytorch import BIN, ROOT, hf_model, load, ours_train, rss_mb  # noq
 
 EOS = "<|endoftext|>"
 SFT_CONFIG = "configs/finetune.toml"
+# `--checkpointing`: TRL's `gradient_checkpointing` (None: TRL's default) and our override.
+CHECKPOINTING = {"shipped": (None, []), "off": (False, []),
+                 "on": (True, ['training.activation_checkpointing="layers"'])}
+MODE = "shipped"
 GRPO_CONFIG = "configs/grpo.toml"
 # ChatML prompts ending with the assistant's header (what qwen-burn renders for GRPO's prompts).
 CHATML_PROMPT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -64,6 +75,9 @@ def trl_args(config_cls, out, steps, batch, cfg, seed, **extra):
     (AdamW with its betas, eps, weight decay and clip; qwen-burn's defaults where it says
     nothing) and schedule (cosine to `min_lr`), plus the trainer's own settings (`extra`)."""
     o, s = cfg["optimizer"], cfg.get("schedule", {})
+    trl_gc = CHECKPOINTING[MODE][0]
+    if trl_gc is not None:
+        extra["gradient_checkpointing"] = trl_gc
     return config_cls(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=o["lr"],
                       adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.95), adam_epsilon=o.get("eps", 1e-8),
                       weight_decay=o.get("weight_decay", 0.1), max_grad_norm=o.get("grad_clip", 1.0),
@@ -230,6 +244,8 @@ def ours_tiny(args, config="configs/dpo.toml", start=None, steps=None):
                "--set", f"training.max_steps={steps}", "--set", "logging.interval=1",
                "--set", f"training.eval_interval={steps + 1}", "--set", f"checkpoint.interval={steps}",
                "--set", "training.sample_interval=0"]
+        for override in CHECKPOINTING[MODE][1]:
+            cmd += ["--set", override]
         with tempfile.TemporaryFile() as log:
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
             _, status, usage = os.wait4(p.pid, 0)
@@ -248,7 +264,8 @@ def ours_tiny(args, config="configs/dpo.toml", start=None, steps=None):
 
 
 def ours_lora(args):
-    res = ours_train("configs/bench-lora-0.6b.toml", args.lora_steps, args.warmup, sets=['data.kind="preference"'])
+    res = ours_train("configs/bench-lora-0.6b.toml", args.lora_steps, args.warmup,
+                     sets=['data.kind="preference"'] + CHECKPOINTING[MODE][1])
     res["step_s_median"] = res["step_ms_median"] / 1e3
     res["loss_last"] = res["final_loss"]
     return res
@@ -259,7 +276,7 @@ def child(job, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-job", job, "--steps", str(args.steps),
            "--lora-steps", str(args.lora_steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
            "--run", args.run, "--hf-dir", args.hf_dir or "", "--grpo-steps", str(args.grpo_steps),
-           "--grpo-hf-dir", args.grpo_hf_dir or ""]
+           "--grpo-hf-dir", args.grpo_hf_dir or "", "--checkpointing", args.checkpointing]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         sys.exit(f"TRL's {job} job failed:\n{out.stderr[-3000:]}")
@@ -280,10 +297,14 @@ def main():
     ap.add_argument("--run", default="runs/tiny", help="the tiny job's starting run")
     ap.add_argument("--grpo-run", default="runs/arith_sft", help="the grpo job's starting run")
     ap.add_argument("--grpo-steps", type=int, default=6, help="steps of the grpo job")
+    ap.add_argument("--checkpointing", choices=list(CHECKPOINTING), default="shipped",
+                    help="activation checkpointing: each side's default, both off, or both on")
     ap.add_argument("--hf-dir", help=argparse.SUPPRESS)
     ap.add_argument("--grpo-hf-dir", help=argparse.SUPPRESS)
     ap.add_argument("--trl-job", choices=JOBS, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global MODE
+    MODE = args.checkpointing
     if args.trl_job:
         print(json.dumps({"tiny": trl_tiny, "lora": trl_lora, "sft": trl_sft, "grpo": trl_grpo}[args.trl_job](args)))
         return
@@ -310,7 +331,7 @@ def main():
                           f"median of {res.get('steps_timed', res.get('steps'))}, peak RSS "
                           f"{res['peak_rss_mb']:.0f} MB, "
                           f"last loss {res['loss_last']:.4f}", flush=True)
-    print("\nsummary (TRL / ours: > 1 means qwen-burn is faster; RSS ours / TRL)")
+    print(f"\nsummary, --checkpointing {MODE} (TRL / ours: > 1 means qwen-burn is faster; RSS ours / TRL)")
     for job, sides in results.items():
         for r, (o, t) in enumerate(zip(sides["ours"], sides["trl"])):
             print(f"{job:>4} round {r + 1}: speed {t['step_s_median'] / o['step_s_median']:.2f}x, "

@@ -14,7 +14,8 @@
 //! Rows hold at most `seq_len + 1` tokens. A longer conversation is truncated (counted in
 //! [`SftStats::truncated`]); one with no assistant token left to predict is dropped. With
 //! `pack = false` each row is one conversation, right-padded; with `pack = true` whole
-//! conversations are appended to a row while they fit (first fit in file order), then padded.
+//! conversations share rows, placed by [`ChatOptions::packing`] (best fit decreasing by
+//! default, as TRL's `"bfd"`; see [`Packing`]), then padded.
 //! Packed rows record where each conversation starts, and their batches carry per-document
 //! positions ([`Batch::positions`]): each conversation attends only to itself and its RoPE
 //! positions restart at 0, so it is trained exactly as if it were alone in its row (TRL's
@@ -29,6 +30,7 @@ use crate::batch::{Batch, Cursor, EpochOrder, IGNORE_INDEX, SampleMode, check_sh
 use crate::conversation::{Message, parse_messages};
 use crate::error::{DataError, Result};
 use crate::ingest::{self, SourceFile};
+use crate::packing::Packing;
 use crate::template::ChatTemplate;
 use crate::tokenizer::{IM_END, IM_START, Tok};
 
@@ -41,6 +43,8 @@ pub struct ChatOptions {
     pub pack: bool,
     /// With `pack`: keep packed conversations apart (see the module docs). On by default.
     pub document_mask: bool,
+    /// With `pack`: how conversations are placed into rows.
+    pub packing: Packing,
     /// Prepended as a `system` message to conversations that do not start with one.
     pub system_prompt: Option<String>,
     /// The model's chat template (`tokenizer_config.json`); `None` renders ChatML.
@@ -53,10 +57,37 @@ impl Default for ChatOptions {
             seq_len: 512,
             pack: false,
             document_mask: true,
+            packing: Packing::default(),
             system_prompt: None,
             template: None,
         }
     }
+}
+
+/// Concatenates one-conversation rows into rows of at most `max` tokens, placed by `packing`.
+fn pack_rows(single: Vec<SftRow>, packing: Packing, max: usize) -> Vec<SftRow> {
+    let lengths: Vec<usize> = single.iter().map(|r| r.ids.len()).collect();
+    let mut single: Vec<Option<SftRow>> = single.into_iter().map(Some).collect();
+    packing
+        .rows(&lengths, max)
+        .into_iter()
+        .map(|members| {
+            let mut row = SftRow {
+                ids: Vec::new(),
+                loss_mask: Vec::new(),
+                starts: Vec::with_capacity(members.len()),
+            };
+            for i in members {
+                let Some(one) = single[i].take() else {
+                    continue;
+                };
+                row.starts.push(row.ids.len());
+                row.ids.extend(one.ids);
+                row.loss_mask.extend(one.loss_mask);
+            }
+            row
+        })
+        .collect()
 }
 
 /// Token ids of one conversation with a per-token loss mask.
@@ -163,7 +194,6 @@ impl SftDataset {
             ..SftStats::default()
         };
         let mut rows: Vec<SftRow> = Vec::new();
-        let mut open: Option<SftRow> = None;
         for conv in conversations {
             let mut messages = Vec::with_capacity(conv.len() + 1);
             if let Some(sys) = &opts.system_prompt
@@ -188,25 +218,15 @@ impl SftDataset {
             }
             stats.tokens += ids.len();
             stats.target_tokens += mask.iter().skip(1).filter(|&&m| m == 1).count();
-            let row = SftRow {
+            rows.push(SftRow {
                 ids,
                 loss_mask: mask,
                 starts: vec![0],
-            };
-            if !opts.pack {
-                rows.push(row);
-                continue;
-            }
-            match open.as_mut() {
-                Some(cur) if cur.ids.len() + row.ids.len() <= max => {
-                    cur.starts.push(cur.ids.len());
-                    cur.ids.extend(row.ids);
-                    cur.loss_mask.extend(row.loss_mask);
-                }
-                _ => rows.extend(open.replace(row)),
-            }
+            });
         }
-        rows.extend(open);
+        if opts.pack {
+            rows = pack_rows(rows, opts.packing, max);
+        }
         Ok(SftDataset {
             rows,
             seq_len: opts.seq_len,

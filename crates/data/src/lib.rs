@@ -24,6 +24,7 @@ pub mod conversation;
 pub mod error;
 pub mod fewshot;
 pub mod ingest;
+pub mod packing;
 pub mod parquet_source;
 pub mod preference;
 pub mod prefetch;
@@ -39,6 +40,7 @@ pub use batch::{Batch, Cursor, IGNORE_INDEX, SampleMode};
 pub use chat::{ChatOptions, SftDataset, SftRow, SftSampler, SftStats, tokenize_chat};
 pub use conversation::{Message, render_chat};
 pub use error::{DataError, Result};
+pub use packing::Packing;
 pub use preference::{
     PreferenceData, PreferencePair, PreferenceStats, Sequence, Truncation, completion_eos,
     load_preferences,

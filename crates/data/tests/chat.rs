@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use common::*;
 use qwen_burn_data::{
-    Batch, ChatOptions, IGNORE_INDEX, Message, Prefetcher, SftDataset, SftSampler, Tok,
+    Batch, ChatOptions, IGNORE_INDEX, Message, Packing, Prefetcher, SftDataset, SftSampler, Tok,
     render_chat, tokenize_chat,
 };
 
@@ -125,7 +125,7 @@ fn padded_rows_have_attention_mask_and_ignored_targets() {
 }
 
 #[test]
-fn packing_fills_rows_with_whole_conversations() {
+fn packing_in_order_fills_rows_with_whole_conversations() {
     let tok = default_tok();
     let convs: Vec<Vec<Message>> = (0..20)
         .map(|i| {
@@ -153,6 +153,7 @@ fn packing_fills_rows_with_whole_conversations() {
         &ChatOptions {
             seq_len: 128,
             pack: true,
+            packing: Packing::InOrder,
             system_prompt: None,
             template: None,
             ..ChatOptions::default()

@@ -145,6 +145,7 @@ const PATHS: &[&str] = &[
     "data.val_fraction",
     "data.sampling",
     "data.pack",
+    "data.packing",
     "optimizer.lr",
     "optimizer.beta2",
     "optimizer.eps",

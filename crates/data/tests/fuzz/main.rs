@@ -228,6 +228,7 @@ fn chat_jsonl() {
                 seq_len,
                 pack,
                 document_mask: true,
+                packing: qwen_burn_data::Packing::default(),
                 system_prompt: system.then(|| "You are helpful.".to_string()),
                 template: qwen.then(|| qwen_template.clone()),
             };

@@ -25,7 +25,7 @@ pub use sections::*;
 pub use training_choices::{ActivationCheckpointing, Precision, Reproducible};
 
 mod choices;
-mod data_keys;
+pub(crate) mod data_keys;
 mod reference;
 mod training_choices;
 pub use reference::reference;
@@ -223,7 +223,7 @@ impl RunConfig {
             ModelSource::Pretrained(_) => section(&table, "data", &["inputs"])?,
             ModelSource::Scratch(_) => section(&table, "data", &["inputs", "tokenizer"])?,
         };
-        let config = Self {
+        let mut config = Self {
             model_table,
             model,
             data,
@@ -243,7 +243,7 @@ impl RunConfig {
             notices: Vec::new(),
         };
         config.validate()?;
-        config.check_data_keys()?;
+        config.settle_data_keys()?;
         config.preference.check()?;
         config.rl.check()?;
         Ok(config.with_notices())

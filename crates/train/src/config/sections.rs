@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use qwen_burn_data::SampleMode;
+use qwen_burn_data::{Packing, SampleMode};
 use serde::{Deserialize, Serialize};
 
 use super::training_choices::{ActivationCheckpointing, Precision, Reproducible};
@@ -60,6 +60,10 @@ pub struct DataConfig {
     pub sampling: SampleMode,
     /// SFT: pack several conversations per row (true) or one per row, padded (false).
     pub pack: bool,
+    /// SFT with `pack`: `"best_fit_decreasing"` places conversations longest first, each into
+    /// the fullest row it fits (TRL's `"bfd"`, fewest rows); `"in_order"` appends them in file
+    /// order to the last row while they fit.
+    pub packing: Packing,
     /// Keep the documents of a packed row apart: attention stays within each document and RoPE
     /// positions restart at 0 at each document start. Text: documents end at the tokenizer's
     /// end-of-document separator; SFT (with `pack`): each conversation is a document.
@@ -80,6 +84,7 @@ impl Default for DataConfig {
             text_field: "text".into(),
             sampling: SampleMode::Random,
             pack: true,
+            packing: Packing::default(),
             document_mask: true,
             prefetch: 4,
         }

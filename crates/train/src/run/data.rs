@@ -29,6 +29,27 @@ pub struct DataPipeline {
     preference: Option<PreferenceSets>,
     /// RL runs: the prompts.
     prompts: Option<crate::objective::rl::PromptSets>,
+    /// SFT runs: how the conversations fill the training rows, for the header.
+    summary: Option<String>,
+}
+
+/// `data: 600 conversations in 193 rows of at most 129 tokens (data.packing =
+/// "best_fit_decreasing"): the rows are 90.6% full`: what a packing (or one conversation a
+/// row) leaves as padding.
+fn sft_summary(d: &RunConfig, train: &SftDataset) -> String {
+    let rows = train.len();
+    let tokens: usize = train.rows().iter().map(|r| r.ids.len()).sum();
+    let capacity = rows * (train.seq_len() + 1);
+    let how = match d.data.pack {
+        true => format!("data.packing = \"{}\"", d.data.packing),
+        false => "one a row, data.pack = false".into(),
+    };
+    format!(
+        "data: {} conversations in {rows} rows of at most {} tokens ({how}): the rows are {:.1}% full",
+        train.rows().iter().map(|r| r.starts.len()).sum::<usize>(),
+        train.seq_len() + 1,
+        100.0 * tokens as f64 / capacity.max(1) as f64
+    )
 }
 
 /// `tokenizer.json` of `model.from` (the default of `data.tokenizer` there).
@@ -94,6 +115,7 @@ impl DataPipeline {
         let mut separator = None;
         let mut preference = None;
         let mut prompts = None;
+        let mut summary = None;
         let (prefetcher, val) = match d.kind {
             DataKind::Sft => {
                 if d.inputs.len() != 1 {
@@ -113,11 +135,13 @@ impl DataPipeline {
                 let opts = ChatOptions {
                     seq_len: t.seq_len,
                     pack: d.pack,
+                    packing: d.packing,
                     document_mask: d.document_mask,
                     system_prompt: None,
                     template,
                 };
                 let train = Arc::new(SftDataset::load(&d.inputs[0], &tok, &opts)?);
+                summary = Some(sft_summary(config, &train));
                 let mut sampler = SftSampler::for_dataset(&train, t.batch_size, seed)?
                     .with_global_batch(t.batch_size * t.grad_accum)?;
                 if let Some(c) = cursor {
@@ -209,12 +233,18 @@ impl DataPipeline {
             separator,
             preference,
             prompts,
+            summary,
         })
     }
 
     /// The prompts of an RL run.
     pub fn prompts(&self) -> Option<&crate::objective::rl::PromptSets> {
         self.prompts.as_ref()
+    }
+
+    /// How an SFT run's conversations fill its rows (a line for the header).
+    pub fn summary(&self) -> Option<&str> {
+        self.summary.as_deref()
     }
 
     /// The pairs of a preference run.

@@ -1,11 +1,12 @@
 //! What a resume may change. `--resume` (and `--from-checkpoint`) accepts a
 //! config whose architecture and data shape (`training.batch_size`, `training.seq_len`,
-//! `data.kind`, `data.sampling`, `data.pack`) match the checkpoint's; everything else (the
+//! `data.kind`, `data.sampling`, `data.pack`, `data.packing`) match the checkpoint's; everything else (the
 //! schedule horizon, loss coefficients, logging, ...) may change, and each change is printed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use qwen_burn_data::Packing;
 use qwen_burn_model::Qwen3Config;
 
 use crate::config::RunConfig;
@@ -88,6 +89,7 @@ const CURSOR_KEYS: &[&str] = &[
     "data.kind",
     "data.sampling",
     "data.pack",
+    "data.packing",
 ];
 
 /// [`CURSOR_KEYS`] as written, for a saved table that no longer parses.
@@ -98,6 +100,7 @@ const WRITTEN_CURSOR_KEYS: &[&str] = &[
     "data.kind",
     "data.sampling",
     "data.pack",
+    "data.packing",
 ];
 
 /// The [`CURSOR_KEYS`] whose resolved values differ between the checkpoint's run table and
@@ -111,18 +114,24 @@ fn cursor_changes(saved_run: &toml::Table, config: &RunConfig) -> Vec<String> {
             .map(|(k, a, b)| format!("{k}: checkpoint {a} vs config {b}"))
             .collect();
     };
-    let values = |c: &RunConfig| {
+    let saved_packing = crate::config::data_keys::saved_packing(saved_run, &saved);
+    let values = |c: &RunConfig, packing: Packing| {
         [
             (c.training.batch_size * c.training.grad_accum).to_string(),
             c.training.seq_len.to_string(),
             c.data.kind.as_str().to_string(),
             format!("{:?}", c.data.sampling).to_lowercase(),
             c.data.pack.to_string(),
+            packing.to_string(),
         ]
     };
     CURSOR_KEYS
         .iter()
-        .zip(values(&saved).into_iter().zip(values(config)))
+        .zip(
+            values(&saved, saved_packing)
+                .into_iter()
+                .zip(values(config, config.data.packing)),
+        )
         .filter(|(_, (a, b))| a != b)
         .map(|(k, (a, b))| format!("{k}: checkpoint {a} vs config {b}"))
         .collect()
@@ -331,5 +340,44 @@ mod tests {
             .insert("grad_accum".into(), toml::Value::Integer(2));
         let split = RunConfig::from_table(split).unwrap();
         assert!(cursor_changes(&saved, &split).is_empty());
+    }
+
+    #[test]
+    fn a_packed_sft_checkpoint_from_before_data_packing_packed_in_file_order() {
+        let table = |extra: &str| -> toml::Table {
+            format!(
+                "[model]\nvocab_size = 64\nhidden_size = 16\nintermediate_size = 32\n\
+                 num_hidden_layers = 1\nnum_attention_heads = 2\nhead_dim = 8\n\
+                 [data]\nkind = \"sft\"\ninputs = [\"c.jsonl\"]\ntokenizer = \"t.json\"\n{extra}\n\
+                 [optimizer]\nlr = 1e-3\n[training]\nbatch_size = 2\nseq_len = 8\nmax_steps = 10\n"
+            )
+            .parse()
+            .unwrap()
+        };
+        // A new run records its packing in the table its checkpoints store.
+        let new = RunConfig::from_table(table("")).unwrap();
+        assert_eq!(
+            new.table["data"]["packing"].as_str(),
+            Some("best_fit_decreasing")
+        );
+        assert!(cursor_changes(&new.table, &new).is_empty());
+        // An older checkpoint's table has no `data.packing`: its rows were packed in order.
+        let old = table("");
+        assert_eq!(
+            cursor_changes(&old, &new),
+            ["data.packing: checkpoint in_order vs config best_fit_decreasing"]
+        );
+        let in_order = RunConfig::from_table(table("packing = \"in_order\"")).unwrap();
+        assert!(cursor_changes(&old, &in_order).is_empty());
+        // Unpacked rows place nothing: the key is neither needed nor accepted.
+        let unpacked = RunConfig::from_table(table("pack = false")).unwrap();
+        assert!(
+            !unpacked.table["data"]
+                .as_table()
+                .unwrap()
+                .contains_key("packing")
+        );
+        assert!(cursor_changes(&table("pack = false"), &unpacked).is_empty());
+        assert!(RunConfig::from_table(table("pack = false\npacking = \"in_order\"")).is_err());
     }
 }

@@ -128,6 +128,9 @@ impl Loop<'_> {
             self.run_dir.display()
         ));
         progress.line(&self.memory_line);
+        if let Some(line) = self.data.summary() {
+            progress.line(line);
+        }
         if state.step > 0 {
             progress.line(&format!(
                 "resumed at step {} ({} tokens seen)",
