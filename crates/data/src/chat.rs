@@ -3,7 +3,9 @@
 //!
 //! Input: JSONL (optionally `.gz`), one conversation per line, as OpenAI-style `messages`
 //! (`role`/`content`) or ShareGPT `conversations` (`from`/`value`). Each message renders as
-//! `<|im_start|>{role}\n{content}<|im_end|>\n`.
+//! `<|im_start|>{role}\n{content}<|im_end|>\n`. Lines may also be TRL's prompt-completion or
+//! text examples ([`crate::sft_example`]); everything below applies to them as to
+//! conversations.
 //!
 //! Tokenisation is per segment (header, content, `<|im_end|>`, `"\n"`), which is what the
 //! model sees at inference: the prompt ends with `<|im_start|>assistant\n` and the reply is
@@ -27,10 +29,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::batch::{Batch, Cursor, EpochOrder, IGNORE_INDEX, SampleMode, check_shape};
-use crate::conversation::{Message, parse_messages};
+use crate::conversation::Message;
 use crate::error::{DataError, Result};
 use crate::ingest::{self, SourceFile};
 use crate::packing::Packing;
+use crate::preference::completion_eos;
+use crate::sft_example::{SftExample, parse_example, tokenize_example};
 use crate::template::ChatTemplate;
 use crate::tokenizer::{IM_END, IM_START, Tok};
 
@@ -61,6 +65,26 @@ impl Default for ChatOptions {
             system_prompt: None,
             template: None,
         }
+    }
+}
+
+/// Token ids and loss mask of a conversation: its assistant turns, with the system prompt of
+/// `opts` first unless it starts with one.
+fn conversation_tokens(
+    conv: &[Message],
+    tok: &Tok,
+    opts: &ChatOptions,
+) -> Result<(Vec<u32>, Vec<u8>)> {
+    let mut messages = Vec::with_capacity(conv.len() + 1);
+    if let Some(sys) = &opts.system_prompt
+        && conv.first().is_none_or(|m| m.role != "system")
+    {
+        messages.push(Message::new("system", sys));
+    }
+    messages.extend_from_slice(conv);
+    match &opts.template {
+        Some(template) => template.tokenize(tok, &messages),
+        None => tokenize_chat(tok, &messages),
     }
 }
 
@@ -126,7 +150,7 @@ pub struct SftRow {
 /// What loading did to the conversations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SftStats {
-    /// Conversations read.
+    /// Examples read (conversations, prompt-completion pairs or texts).
     pub conversations: usize,
     /// Conversations cut to `seq_len + 1` tokens.
     pub truncated: usize,
@@ -157,21 +181,22 @@ impl SftDataset {
         let mut conversations = Vec::new();
         for (i, line) in raw.text.lines().enumerate() {
             if !line.trim().is_empty() {
-                conversations.push(parse_messages(path, i + 1, line)?);
+                conversations.push(parse_example(path, i + 1, line)?);
             }
         }
         if conversations.is_empty() {
             return Err(DataError::EmptyCorpus {
                 inputs: path.display().to_string(),
-                detail: "no conversations (expected one JSON object per line)".into(),
+                detail: "no examples (expected one JSON object per line)".into(),
             });
         }
-        let ds = Self::from_conversations(&conversations, tok, opts)?;
+        let ds = Self::from_examples(&conversations, tok, opts)?;
         if ds.rows.is_empty() {
             return Err(DataError::EmptyCorpus {
                 inputs: path.display().to_string(),
                 detail: format!(
-                    "none of {} conversations has an assistant message to train on",
+                    "none of {} examples has a token to train on (an assistant message, a \
+                     completion or a text)",
                     conversations.len()
                 ),
             });
@@ -186,25 +211,36 @@ impl SftDataset {
         tok: &Tok,
         opts: &ChatOptions,
     ) -> Result<Self> {
+        let examples: Vec<SftExample> = conversations
+            .iter()
+            .map(|c| SftExample::Conversation(c.clone()))
+            .collect();
+        Self::from_examples(&examples, tok, opts)
+    }
+
+    /// Tokenises in-memory examples of any layout ([`SftExample`]).
+    pub fn from_examples(examples: &[SftExample], tok: &Tok, opts: &ChatOptions) -> Result<Self> {
         check_shape(1, opts.seq_len)?;
         let max = opts.seq_len + 1;
         let pad_id = tok.eos_id().unwrap_or(0);
+        let chatml = ChatTemplate::chatml();
+        let template = opts.template.as_deref().unwrap_or(&chatml);
+        let eos = match examples
+            .iter()
+            .all(|e| matches!(e, SftExample::Conversation(_)))
+        {
+            true => String::new(),
+            false => completion_eos(tok, template)?,
+        };
         let mut stats = SftStats {
-            conversations: conversations.len(),
+            conversations: examples.len(),
             ..SftStats::default()
         };
         let mut rows: Vec<SftRow> = Vec::new();
-        for conv in conversations {
-            let mut messages = Vec::with_capacity(conv.len() + 1);
-            if let Some(sys) = &opts.system_prompt
-                && conv.first().is_none_or(|m| m.role != "system")
-            {
-                messages.push(Message::new("system", sys));
-            }
-            messages.extend_from_slice(conv);
-            let (mut ids, mut mask) = match &opts.template {
-                Some(template) => template.tokenize(tok, &messages)?,
-                None => tokenize_chat(tok, &messages)?,
+        for example in examples {
+            let (mut ids, mut mask) = match example {
+                SftExample::Conversation(conv) => conversation_tokens(conv, tok, opts)?,
+                other => tokenize_example(other, tok, template, &eos)?,
             };
             if ids.len() > max {
                 ids.truncate(max);

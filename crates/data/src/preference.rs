@@ -26,6 +26,7 @@ use crate::batch::{Batch, IGNORE_INDEX};
 use crate::conversation::Message;
 use crate::error::{DataError, Result};
 use crate::ingest;
+use crate::sft_example::messages;
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tok;
 
@@ -112,30 +113,6 @@ fn split_text(chosen: &str, rejected: &str) -> (String, String, String) {
     }
     let s = |v: &[char]| v.iter().collect::<String>();
     (s(&c[..idx]), s(&c[idx..]), s(&r[idx..]))
-}
-
-/// A field as a list of messages, naming the line and field on error.
-fn messages(value: &Value, field: &str, err: &dyn Fn(String) -> DataError) -> Result<Vec<Message>> {
-    let Value::Array(items) = value else {
-        return Err(err(format!(
-            "\"{field}\" is {}, expected a list of messages",
-            ingest::json_type(value)
-        )));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let text = |key: &str| match m.get(key) {
-                Some(Value::String(s)) => Ok(s.clone()),
-                _ => Err(err(format!("{field}[{i}] has no string field \"{key}\""))),
-            };
-            Ok(Message {
-                role: text("role")?,
-                content: text("content")?,
-            })
-        })
-        .collect()
 }
 
 /// The texts of one row to tokenise: `(prompt, prompt + chosen, prompt + rejected)`.

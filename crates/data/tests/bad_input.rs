@@ -236,15 +236,15 @@ fn bad_chat_lines_name_line_and_message() {
     let tok = default_tok();
     let opts = ChatOptions::default();
     let cases: [(&[u8], &str); 6] = [
-        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n{\"text\": \"x\"}\n",
-         "2: no \"messages\" (OpenAI style: [{\"role\", \"content\"}]) or \"conversations\" (ShareGPT: [{\"from\", \"value\"}]) field"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n{\"answer\": \"x\"}\n",
+         "2: no \"messages\" or \"conversations\" (a conversation), \"prompt\" and \"completion\", or \"text\" field"),
         (b"{\"messages\": [{\"role\": \"narrator\", \"content\": \"x\"}]}\n",
          "1: messages[0].role is \"narrator\", an unknown role (expected system, user, assistant or tool)"),
         (b"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"robot\", \"value\": \"b\"}]}\n",
          "1: conversations[1].from is \"robot\", an unknown role"),
         (b"{\"messages\": [{\"role\": \"user\"}]}\n", "1: messages[0] has no string field \"content\""),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": 3}]}\n", "1: messages[0].content is a number, expected a string"),
-        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"no answer\"}]}\n", "none of 1 conversations has an assistant message"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"no answer\"}]}\n", "none of 1 examples has a token to train on"),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let path = write(dir.path(), &format!("c{i}.jsonl"), text);

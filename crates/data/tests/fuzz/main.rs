@@ -176,6 +176,10 @@ const CHAT_SEEDS: &[&str] = &[
     r#"{"messages": [{"role": "user", "content": "only a question"}]}
 {"messages": [{"role": "assistant", "content": "a reply with no question, and <|im_end|> inside"}]}
 "#,
+    r#"{"prompt": "The capital of France is", "completion": " Paris."}
+{"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Hello."}]}
+{"text": "Now is the winter of our discontent<|endoftext|>"}
+"#,
 ];
 
 const CHAT_KEYS: &[&str] = &[
@@ -191,6 +195,9 @@ const CHAT_KEYS: &[&str] = &[
     "human",
     "gpt",
     "tool",
+    "prompt",
+    "completion",
+    "text",
     "",
 ];
 

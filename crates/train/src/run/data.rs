@@ -33,7 +33,7 @@ pub struct DataPipeline {
     summary: Option<String>,
 }
 
-/// `data: 600 conversations in 193 rows of at most 129 tokens (data.packing =
+/// `data: 600 examples in 193 rows of at most 129 tokens (data.packing =
 /// "best_fit_decreasing"): the rows are 90.6% full`: what a packing (or one conversation a
 /// row) leaves as padding.
 fn sft_summary(d: &RunConfig, train: &SftDataset) -> String {
@@ -45,8 +45,9 @@ fn sft_summary(d: &RunConfig, train: &SftDataset) -> String {
         false => "one a row, data.pack = false".into(),
     };
     format!(
-        "data: {} conversations in {rows} rows of at most {} tokens ({how}): the rows are {:.1}% full",
+        "data: {} examples in {rows} row{} of at most {} tokens ({how}): the rows are {:.1}% full",
         train.rows().iter().map(|r| r.starts.len()).sum::<usize>(),
+        if rows == 1 { "" } else { "s" },
         train.seq_len() + 1,
         100.0 * tokens as f64 / capacity.max(1) as f64
     )
