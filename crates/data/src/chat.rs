@@ -36,7 +36,7 @@ use crate::packing::Packing;
 use crate::preference::completion_eos;
 use crate::sft_example::{SftExample, parse_example, tokenize_example};
 use crate::template::ChatTemplate;
-use crate::tokenizer::{IM_END, IM_START, Tok};
+use crate::tokenizer::Tok;
 
 /// Options of [`SftDataset::load`].
 #[derive(Clone, Debug)]
@@ -68,26 +68,6 @@ impl Default for ChatOptions {
     }
 }
 
-/// Token ids and loss mask of a conversation: its assistant turns, with the system prompt of
-/// `opts` first unless it starts with one.
-fn conversation_tokens(
-    conv: &[Message],
-    tok: &Tok,
-    opts: &ChatOptions,
-) -> Result<(Vec<u32>, Vec<u8>)> {
-    let mut messages = Vec::with_capacity(conv.len() + 1);
-    if let Some(sys) = &opts.system_prompt
-        && conv.first().is_none_or(|m| m.role != "system")
-    {
-        messages.push(Message::new("system", sys));
-    }
-    messages.extend_from_slice(conv);
-    match &opts.template {
-        Some(template) => template.tokenize(tok, &messages),
-        None => tokenize_chat(tok, &messages),
-    }
-}
-
 /// Concatenates one-conversation rows into rows of at most `max` tokens, placed by `packing`.
 fn pack_rows(single: Vec<SftRow>, packing: Packing, max: usize) -> Vec<SftRow> {
     let lengths: Vec<usize> = single.iter().map(|r| r.ids.len()).collect();
@@ -112,28 +92,6 @@ fn pack_rows(single: Vec<SftRow>, packing: Packing, max: usize) -> Vec<SftRow> {
             row
         })
         .collect()
-}
-
-/// Token ids of one conversation with a per-token loss mask.
-pub fn tokenize_chat(tok: &Tok, messages: &[Message]) -> Result<(Vec<u32>, Vec<u8>)> {
-    let purpose = "by the Qwen chat template";
-    let im_end = tok.require_token(IM_END, purpose)?;
-    tok.require_token(IM_START, purpose)?;
-    let newline = tok.encode("\n")?;
-    let (mut ids, mut mask) = (Vec::new(), Vec::new());
-    for m in messages {
-        let on = u8::from(m.role == "assistant");
-        let header = tok.encode(&format!("{IM_START}{}\n", m.role))?;
-        mask.resize(mask.len() + header.len(), 0);
-        ids.extend(header);
-        let content = tok.encode(&m.content)?;
-        mask.resize(mask.len() + content.len() + 1, on);
-        ids.extend(content);
-        ids.push(im_end);
-        mask.resize(mask.len() + newline.len(), 0);
-        ids.extend_from_slice(&newline);
-    }
-    Ok((ids, mask))
 }
 
 /// One row: at most `seq_len + 1` token ids and their loss mask.
@@ -238,9 +196,15 @@ impl SftDataset {
         };
         let mut rows: Vec<SftRow> = Vec::new();
         for example in examples {
-            let (mut ids, mut mask) = match example {
-                SftExample::Conversation(conv) => conversation_tokens(conv, tok, opts)?,
-                other => tokenize_example(other, tok, template, &eos)?,
+            let (mut ids, mut mask) = match (example, &opts.system_prompt) {
+                (SftExample::Conversation(conv), Some(sys))
+                    if conv.first().is_none_or(|m| m.role != "system") =>
+                {
+                    let mut messages = vec![Message::new("system", sys)];
+                    messages.extend_from_slice(conv);
+                    template.tokenize(tok, &messages)?
+                }
+                _ => tokenize_example(example, tok, template, &eos)?,
             };
             if ids.len() > max {
                 ids.truncate(max);

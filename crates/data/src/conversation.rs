@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, Result};
 use crate::ingest;
-use crate::tokenizer::{IM_END, IM_START};
+use crate::tokenizer::{IM_END, IM_START, Tok};
 
 /// One chat message.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -42,6 +42,29 @@ pub fn render_chat(messages: &[Message]) -> String {
         s.push('\n');
     }
     s
+}
+
+/// Token ids of one conversation with a per-token loss mask, tokenised turn by turn in the
+/// built-in ChatML (what [`crate::chat`] documents).
+pub fn tokenize_chat(tok: &Tok, messages: &[Message]) -> Result<(Vec<u32>, Vec<u8>)> {
+    let purpose = "by the Qwen chat template";
+    let im_end = tok.require_token(IM_END, purpose)?;
+    tok.require_token(IM_START, purpose)?;
+    let newline = tok.encode("\n")?;
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for m in messages {
+        let on = u8::from(m.role == "assistant");
+        let header = tok.encode(&format!("{IM_START}{}\n", m.role))?;
+        mask.resize(mask.len() + header.len(), 0);
+        ids.extend(header);
+        let content = tok.encode(&m.content)?;
+        mask.resize(mask.len() + content.len() + 1, on);
+        ids.extend(content);
+        ids.push(im_end);
+        mask.resize(mask.len() + newline.len(), 0);
+        ids.extend_from_slice(&newline);
+    }
+    Ok((ids, mask))
 }
 
 /// Roles a conversation may use (what Qwen's chat template renders).

@@ -38,8 +38,8 @@ pub mod template;
 pub mod tokenizer;
 
 pub use batch::{Batch, Cursor, IGNORE_INDEX, SampleMode};
-pub use chat::{ChatOptions, SftDataset, SftRow, SftSampler, SftStats, tokenize_chat};
-pub use conversation::{Message, render_chat};
+pub use chat::{ChatOptions, SftDataset, SftRow, SftSampler, SftStats};
+pub use conversation::{Message, render_chat, tokenize_chat};
 pub use error::{DataError, Result};
 pub use packing::Packing;
 pub use preference::{

@@ -68,18 +68,18 @@ pub fn best_fit_decreasing(lengths: &[usize], capacity: usize) -> Vec<Vec<usize>
     let mut by_space: BTreeMap<usize, VecDeque<usize>> = BTreeMap::new();
     for i in order {
         let len = lengths[i];
-        let found = by_space.range_mut(len..).next().map(|(&space, queue)| {
-            let row = queue.pop_front();
-            (space, row, queue.is_empty())
-        });
-        let (row, space) = match found {
-            Some((space, Some(row), empty)) => {
-                if empty {
+        let fit = by_space
+            .range_mut(len..)
+            .next()
+            .and_then(|(&space, queue)| Some((queue.pop_front()?, space, queue.is_empty())));
+        let (row, space) = match fit {
+            Some((row, space, emptied)) => {
+                if emptied {
                     by_space.remove(&space);
                 }
                 (row, space)
             }
-            _ => {
+            None => {
                 rows.push(Vec::new());
                 (rows.len() - 1, capacity)
             }

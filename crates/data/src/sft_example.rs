@@ -160,10 +160,9 @@ fn with_eos(text: &str, eos: &str) -> String {
     }
 }
 
-/// Token ids and loss mask of an example. `eos` is the text appended to text completions and
-/// texts. A conversation is rendered by `template` and trained on its assistant turns
-/// ([`ChatTemplate::tokenize`]); [`crate::chat`] tokenises conversations itself, turn by turn
-/// for the built-in ChatML.
+/// Token ids and loss mask of an example (see the module docs). `eos` is the text appended to
+/// text completions and texts; a conversation trains on its assistant turns
+/// ([`ChatTemplate::tokenize`]).
 pub fn tokenize_example(
     example: &SftExample,
     tok: &Tok,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 
-use crate::conversation::{Message, render_chat};
+use crate::conversation::{Message, render_chat, tokenize_chat};
 use crate::error::{DataError, Result};
 use crate::tokenizer::{IM_END, IM_START, Tok};
 
@@ -151,7 +151,11 @@ impl ChatTemplate {
 
     /// Token ids of a conversation and their loss mask (1 on each assistant reply's content
     /// and the end token of its turn), from the rendered text (see the module docs).
+    /// The built-in ChatML tokenises turn by turn ([`tokenize_chat`]).
     pub fn tokenize(&self, tok: &Tok, messages: &[Message]) -> Result<(Vec<u32>, Vec<u8>)> {
+        if self.env.is_none() {
+            return tokenize_chat(tok, messages);
+        }
         let text = self.render(messages, false)?;
         let spans = assistant_spans(&text, messages).ok_or_else(|| DataError::ChatTemplate {
             path: self.source.clone(),
