@@ -58,6 +58,7 @@ fn config_keys(source: &str, out: &mut Vec<(String, String, String, String)>) {
 fn main() {
     let mut keys = Vec::new();
     for path in [
+        "src/config/data_keys.rs",
         "src/config/sections.rs",
         "src/config/lora.rs",
         "src/config/preference.rs",

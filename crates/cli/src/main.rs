@@ -1,4 +1,4 @@
-//! `qwen-burn`: train, generate, score, eval, tokenizer, data, export, plot, bench.
+//! `qwen-burn`: train, generate, chat, score, eval, tokenizer, data, export, plot, bench.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -62,6 +62,9 @@ enum Command {
     Train(train::Args),
     /// Generate text with a model (greedy, temperature, top-k, top-p; KV cache).
     Generate(generate::Args),
+    /// Chat with a model: one message a line on stdin, each reply streamed (the model's chat
+    /// template; the KV cache kept between turns; /reset, /exit).
+    Chat(chat::Args),
     /// Mean next-token loss of token rows given as JSON.
     Score(score::Args),
     /// Perplexity and bits per byte of a text, a multiple-choice task's acc and acc_norm,
@@ -105,12 +108,13 @@ fn main() -> Result<()> {
     // (`bench generate` holds its own.)
     let _packed = matches!(
         command,
-        Command::Generate(_) | Command::Score(_) | Command::Eval(_)
+        Command::Generate(_) | Command::Chat(_) | Command::Score(_) | Command::Eval(_)
     )
     .then(qwen_burn_model::keep_packed_weights);
     match command {
         Command::Train(a) => train::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Score(a) => score::run(a),
         Command::Eval(a) => eval::run(*a),
         Command::Export(a) => export::run(a),

@@ -363,3 +363,101 @@ max_steps = 1
         "{trained:?}"
     );
 }
+
+/// `data.chat_template_kwargs` reaches the template: with Qwen3's real template and
+/// `enable_thinking = false`, a conversational prompt-completion line's prompt ends in the empty
+/// `<think>` block, so only the answer trains; without it the block is part of the completion.
+/// A variable the template never reads, or the key on a text run, is refused naming it.
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok_dir = tmp.path().join("tok");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    std::fs::copy(
+        repo_root().join("datasets/tokenizer.json"),
+        tok_dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo_root().join("crates/data/tests/fixtures/tokenizers/qwen3/tokenizer_config.json"),
+        tok_dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let data = tmp.path().join("pc.jsonl");
+    let line = |i: usize| {
+        serde_json::json!({
+            "prompt": [{"role": "user", "content": format!("What is {i} plus {i}?")}],
+            "completion": [{"role": "assistant", "content": format!("It is {}.", 2 * i)}],
+        })
+        .to_string()
+    };
+    std::fs::write(&data, (0..8).map(line).collect::<Vec<_>>().join("\n")).unwrap();
+    let trained = |kind: &str, extra: &str| {
+        let cfg = tmp.path().join("pc.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[model]\nvocab_size = 8192\nhidden_size = 32\nintermediate_size = 64\n\
+                 num_hidden_layers = 1\nnum_attention_heads = 4\nnum_key_value_heads = 2\n\
+                 head_dim = 8\n[data]\nkind = \"{kind}\"\ninputs = [\"{}\"]\ntokenizer = \"{}\"\n\
+                 {extra}\n[optimizer]\nlr = 1e-3\n[training]\nbatch_size = 1\nseq_len = 64\n\
+                 max_steps = 1\n",
+                data.display(),
+                tok_dir.join("tokenizer.json").display(),
+            ),
+        )
+        .unwrap();
+        let out = tmp.path().join("batches.jsonl");
+        let _ = std::fs::remove_file(&out);
+        let run = qwen_burn(
+            &[
+                "batches",
+                "--config",
+                s(&cfg),
+                "--steps",
+                "1",
+                "--out",
+                s(&out),
+            ],
+            &[],
+        );
+        if !run.status.success() {
+            return Err(stderr(&run));
+        }
+        let text = std::fs::read_to_string(&out).unwrap();
+        let record: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        let targets: Vec<u32> = record["targets"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|x| u32::try_from(x.as_i64().unwrap()).ok())
+            .collect();
+        let tok = qwen_burn_data::Tok::from_file(&tok_dir.join("tokenizer.json")).unwrap();
+        Ok(tok.decode(&targets).unwrap())
+    };
+    let thinking = trained("sft", "pack = false").unwrap();
+    assert!(
+        thinking.starts_with("<think>\n\n</think>\n\nIt is "),
+        "{thinking:?}"
+    );
+    let plain = trained(
+        "sft",
+        "pack = false\nchat_template_kwargs = { enable_thinking = false }",
+    )
+    .unwrap();
+    assert!(
+        plain.starts_with("It is ") && !plain.contains("think"),
+        "{plain:?}"
+    );
+    let err = trained("sft", "chat_template_kwargs = { enable_thinkin = false }").unwrap_err();
+    assert!(
+        err.contains("data.chat_template_kwargs.enable_thinkin: the chat template never reads")
+            && err.contains("tokenizer_config.json"),
+        "{err}"
+    );
+    let err = trained("text", "chat_template_kwargs = { enable_thinking = false }").unwrap_err();
+    assert!(
+        err.contains("data.chat_template_kwargs") && err.contains("render no chat template"),
+        "{err}"
+    );
+}

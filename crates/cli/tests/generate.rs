@@ -144,7 +144,8 @@ fn generation_config_sets_stop_tokens_and_sampling_defaults() {
 
 /// `--chat` renders the message with the template of `tokenizer_config.json` beside the
 /// model's tokenizer and the generation prompt; `--chat-json` takes a whole conversation;
-/// without a template the prompt is ChatML.
+/// without a template the prompt is ChatML. `--chat-template-kwargs` gives the template extra
+/// variables (Qwen3's `enable_thinking`); one it never reads, or any for ChatML, is refused.
 #[test]
 fn chat_prompts_use_the_model_template() {
     let tmp = tempfile::tempdir().unwrap();
@@ -185,14 +186,53 @@ fn chat_prompts_use_the_model_template() {
         decode(&v),
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     );
+    let no_thinking = r#"{"enable_thinking": false}"#;
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", s(&hf), "--max-new-tokens", "2"];
+        args.extend_from_slice(extra);
+        let out = qwen_burn(&args, &[]);
+        assert!(!out.status.success());
+        stderr(&out)
+    };
+    let err = refused(&["--chat", "Hi", "--chat-template-kwargs", no_thinking]);
+    assert!(
+        err.contains("--chat-template-kwargs.enable_thinking: the built-in ChatML"),
+        "{err}"
+    );
     // The model's own template.
     std::fs::write(
         hf.join("tokenizer_config.json"),
-        json!({"chat_template": "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"}).to_string(),
+        json!({"chat_template": "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% if enable_thinking is defined and enable_thinking is false %}<no think>{% endif %}{% endif %}"}).to_string(),
     )
     .unwrap();
     let v = generate_chat(&hf, &["--chat", "Hi there", "--system", "Be brief."]);
     assert_eq!(decode(&v), "[system]Be brief.\n[user]Hi there\n[assistant]");
+    let v = generate_chat(
+        &hf,
+        &["--chat", "Hi", "--chat-template-kwargs", no_thinking],
+    );
+    assert_eq!(decode(&v), "[user]Hi\n[assistant]<no think>");
+    let err = refused(&[
+        "--chat",
+        "Hi",
+        "--chat-template-kwargs",
+        r#"{"thinking": false}"#,
+    ]);
+    assert!(
+        err.contains("--chat-template-kwargs.thinking: the chat template never reads `thinking`")
+            && err.contains("reads: enable_thinking"),
+        "{err}"
+    );
+    let err = refused(&["--prompt", "Hi", "--chat-template-kwargs", no_thinking]);
+    assert!(
+        err.contains("read with --chat or --chat-json only"),
+        "{err}"
+    );
+    let err = refused(&["--chat", "Hi", "--chat-template-kwargs", "[1]"]);
+    assert!(
+        err.contains("expected a JSON object of template variables"),
+        "{err}"
+    );
     let conv = tmp.path().join("conv.json");
     std::fs::write(
         &conv,

@@ -11,6 +11,7 @@ fn help_names_every_command() {
     for command in [
         "train",
         "generate",
+        "chat",
         "score",
         "eval",
         "export",

@@ -297,6 +297,26 @@ pub(crate) fn jsonl_object(
     }
 }
 
+/// A chat line's `chat_template_kwargs` (TRL reads it per example): not read here, so refused
+/// rather than ignored; the variables are set for a whole file.
+pub(crate) fn no_line_template_kwargs(
+    path: &Path,
+    line_no: usize,
+    obj: &serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    match obj.contains_key("chat_template_kwargs") {
+        true => Err(DataError::Jsonl {
+            path: path.to_path_buf(),
+            line: line_no,
+            message: "\"chat_template_kwargs\": template variables are set for the whole file \
+                      (data.chat_template_kwargs in a run config, --chat-template-kwargs for \
+                      eval), not per line; remove the field"
+                .into(),
+        }),
+        false => Ok(()),
+    }
+}
+
 fn jsonl_documents(path: &Path, text: &str, field: &str) -> Result<Vec<String>> {
     let mut docs = Vec::new();
     for (i, line) in text.lines().enumerate() {

@@ -53,5 +53,5 @@ pub use sampler::{WindowSampler, eval_batches};
 pub use sft_example::{SftExample, parse_example, tokenize_example};
 pub use shards::{ShardFile, ShardMeta, SourceMeta, Split, SplitMeta, TokenStore};
 pub use tasks::{Fewshot, FewshotSampler, Layout, McItem, McTask, read_task};
-pub use template::ChatTemplate;
+pub use template::{ChatTemplate, TemplateKwargs};
 pub use tokenizer::{Tok, TrainBpeOptions, default_special_tokens, train_bpe};

@@ -238,6 +238,7 @@ pub fn load_preferences(
             message,
         };
         let obj = ingest::jsonl_object(path, line_no, line)?;
+        ingest::no_line_template_kwargs(path, line_no, &obj)?;
         let (p, pc, pr) = row_texts(&obj, template, eos, &err)?;
         let (p, pc, pr) = (tok.encode(&p)?, tok.encode(&pc)?, tok.encode(&pr)?);
         let n = common_prefix(&p, &pc).min(common_prefix(&p, &pr));

@@ -176,7 +176,9 @@ fn read_rows(path: &Path) -> Result<Vec<(Place, Map<String, Value>)>> {
         if line.trim().is_empty() {
             continue;
         }
-        rows.push((Place::Line(i + 1), ingest::jsonl_object(path, i + 1, line)?));
+        let obj = ingest::jsonl_object(path, i + 1, line)?;
+        ingest::no_line_template_kwargs(path, i + 1, &obj)?;
+        rows.push((Place::Line(i + 1), obj));
     }
     Ok(rows)
 }

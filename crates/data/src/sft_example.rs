@@ -12,7 +12,9 @@
 //! - language modelling: `{"text": str}`, EOS appended as text unless it ends with it, every
 //!   token trained.
 //!
-//! Other fields of a line are ignored, as TRL drops columns it does not use.
+//! Other fields of a line are ignored, as TRL drops columns it does not use; but a
+//! `chat_template_kwargs` field, which TRL reads per example, is refused (template variables are
+//! set for the whole file: `data.chat_template_kwargs`).
 
 use std::path::Path;
 
@@ -83,6 +85,7 @@ pub fn parse_example(path: &Path, line_no: usize, line: &str) -> Result<SftExamp
         message,
     };
     let obj = ingest::jsonl_object(path, line_no, line)?;
+    ingest::no_line_template_kwargs(path, line_no, &obj)?;
     let has = |k: &str| obj.contains_key(k);
     let layouts = [
         has("messages") || has("conversations"),

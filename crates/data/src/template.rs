@@ -17,6 +17,18 @@ use crate::conversation::{Message, render_chat, tokenize_chat};
 use crate::error::{DataError, Result};
 use crate::tokenizer::{IM_END, IM_START, Tok};
 
+/// Extra variables of a template (`apply_chat_template(..., **kwargs)` in transformers, TRL's
+/// `chat_template_kwargs`): Qwen3's `enable_thinking = false`, for one.
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// The variables qwen-burn itself gives every rendering.
+const RESERVED: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
 /// A chat template: HF's Jinja one, or the built-in ChatML.
 #[derive(Debug)]
 pub struct ChatTemplate {
@@ -24,6 +36,7 @@ pub struct ChatTemplate {
     source: PathBuf,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    kwargs: TemplateKwargs,
 }
 
 fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
@@ -47,6 +60,7 @@ impl ChatTemplate {
             source: PathBuf::from("(built-in ChatML)"),
             bos_token: None,
             eos_token: None,
+            kwargs: TemplateKwargs::new(),
         }
     }
 
@@ -112,7 +126,61 @@ impl ChatTemplate {
             source: path.to_path_buf(),
             bos_token: token_field(&config, "bos_token"),
             eos_token: token_field(&config, "eos_token"),
+            kwargs: TemplateKwargs::new(),
         }))
+    }
+
+    /// The template with extra variables for every rendering (`what` names them in errors, as
+    /// `data.chat_template_kwargs` or `--chat-template-kwargs`). Each must be a variable the
+    /// template reads and not one qwen-burn sets: a variable the template never reads would be
+    /// silently ignored (transformers ignores it), so it is refused, naming those it reads.
+    pub fn with_kwargs(mut self, kwargs: TemplateKwargs, what: &str) -> Result<Self> {
+        let bad = |message: String| DataError::ChatTemplate {
+            path: self.source.clone(),
+            message,
+        };
+        let Some(env) = &self.env else {
+            if let Some(key) = kwargs.keys().next() {
+                return Err(bad(format!(
+                    "{what}.{key}: the built-in ChatML template reads no variables (the \
+                     tokenizer has no tokenizer_config.json with a chat_template beside it)"
+                )));
+            }
+            return Ok(self);
+        };
+        let template = env.get_template("chat").expect("added at load");
+        let read = template.undeclared_variables(false);
+        for key in kwargs.keys() {
+            if RESERVED.contains(&key.as_str()) {
+                return Err(bad(format!(
+                    "{what}.{key}: qwen-burn sets `{key}` itself; remove it"
+                )));
+            }
+            if !read.contains(key) {
+                let mut names: Vec<&str> = read
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|v| !RESERVED.contains(v) && !env.globals().any(|(g, _)| g == *v))
+                    .collect();
+                names.sort_unstable();
+                return Err(bad(format!(
+                    "{what}.{key}: the chat template never reads `{key}`, so it would be ignored; \
+                     the variables it reads: {}",
+                    if names.is_empty() {
+                        "none besides messages and add_generation_prompt".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )));
+            }
+        }
+        self.kwargs = kwargs;
+        Ok(self)
+    }
+
+    /// The extra variables every rendering gets (see [`Self::with_kwargs`]).
+    pub fn kwargs(&self) -> &TemplateKwargs {
+        &self.kwargs
     }
 
     /// The `eos_token` of its `tokenizer_config.json`, if it names one.
@@ -142,6 +210,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            ..Value::from(minijinja::value::Serde(&self.kwargs))
         };
         template.render(ctx).map_err(|e| DataError::ChatTemplate {
             path: self.source.clone(),

@@ -86,6 +86,14 @@ fn the_layouts_are_told_apart_and_bad_lines_name_their_fault() {
         (r#"{"text": 5}"#, "\"text\" is a number"),
         (r#"{"text": ""}"#, "\"text\" is empty"),
         (r#"{"answer": "a"}"#, "no \"messages\""),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {}}"#,
+            "set for the whole file (data.chat_template_kwargs",
+        ),
+        (
+            r#"{"prompt": "a", "completion": "b", "chat_template_kwargs": {"enable_thinking": false}}"#,
+            "not per line",
+        ),
     ] {
         match parse(line) {
             Err(e @ DataError::Jsonl { line: 3, .. }) => {

@@ -1,7 +1,8 @@
 //! Chat templates: Qwen3's real `chat_template` rendered by us is byte-identical to HF
 //! transformers' `apply_chat_template` (fixture made by
 //! `tests/fixtures/chat_template/make_fixture.py`), for multi-turn conversations with and
-//! without a system prompt and with and without the generation prompt; and the SFT loss mask
+//! without a system prompt and with and without the generation prompt, and with Qwen3's
+//! `enable_thinking` given as a template variable (`chat_template_kwargs`); and the SFT loss mask
 //! of a template-rendered conversation covers exactly the assistants' replies and their
 //! `<|im_end|>`.
 
@@ -22,19 +23,73 @@ fn qwen3_template_renders_byte_identical_to_hf() {
         .join("tests/fixtures/chat_template/qwen3_rendered.json");
     let cases: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
-    assert_eq!(cases.len(), 8);
-    let template = qwen_template();
+    assert_eq!(cases.len(), 16);
+    let mut non_thinking = 0;
     for case in &cases {
         let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
         let prompt = case["add_generation_prompt"].as_bool().unwrap();
+        let kwargs = case.get("kwargs").map(|k| k.as_object().unwrap().clone());
+        let template = match &kwargs {
+            Some(k) => qwen_template().with_kwargs(k.clone(), "kwargs").unwrap(),
+            None => qwen_template(),
+        };
         let ours = template.render(&messages, prompt).unwrap();
+        let text = case["text"].as_str().unwrap();
         assert_eq!(
-            ours,
-            case["text"].as_str().unwrap(),
-            "{} (add_generation_prompt = {prompt})",
+            ours, text,
+            "{} (add_generation_prompt = {prompt}, {kwargs:?})",
             case["name"]
         );
+        // The variable reaches the template: HF's non-thinking prompt ends in an empty block.
+        if prompt && kwargs.is_some_and(|k| k["enable_thinking"] == false) {
+            assert!(text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+            non_thinking += 1;
+        }
     }
+    assert_eq!(non_thinking, 2);
+}
+
+#[test]
+fn template_variables_are_checked_against_what_the_template_reads() {
+    let kwargs = |json: &str| serde_json::from_str::<qwen_burn_data::TemplateKwargs>(json).unwrap();
+    // A variable the template never reads would be ignored by transformers: refused here,
+    // naming the key and the variables the template does read.
+    let err = qwen_template()
+        .with_kwargs(
+            kwargs(r#"{"enable_thinkin": false}"#),
+            "data.chat_template_kwargs",
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tokenizer_config.json"), "{err}");
+    assert!(
+        err.contains("data.chat_template_kwargs.enable_thinkin: the chat template never reads"),
+        "{err}"
+    );
+    assert!(err.contains("enable_thinking, tools"), "{err}");
+    // The variables qwen-burn sets itself.
+    let err = qwen_template()
+        .with_kwargs(kwargs(r#"{"add_generation_prompt": true}"#), "k")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("k.add_generation_prompt: qwen-burn sets"),
+        "{err}"
+    );
+    // The built-in ChatML reads none.
+    let err = ChatTemplate::chatml()
+        .with_kwargs(kwargs(r#"{"enable_thinking": false}"#), "k")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("built-in ChatML template reads no variables"),
+        "{err}"
+    );
+    assert!(
+        ChatTemplate::chatml()
+            .with_kwargs(kwargs("{}"), "k")
+            .is_ok()
+    );
 }
 
 #[test]
@@ -98,4 +153,29 @@ fn no_template_means_chatml_and_a_broken_one_names_the_file() {
         err.contains("tokenizer_config.json") && err.contains("does not compile"),
         "{err}"
     );
+}
+
+/// With Qwen3's real template and `enable_thinking = false` (`data.chat_template_kwargs`), GRPO's
+/// prompts end in the empty reasoning block, as HF's non-thinking mode renders them.
+#[test]
+fn template_variables_reach_rendered_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &path,
+        r#"{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}"#,
+    )
+    .unwrap();
+    let kwargs = serde_json::json!({"enable_thinking": false});
+    let template = qwen_template()
+        .with_kwargs(kwargs.as_object().unwrap().clone(), "kwargs")
+        .unwrap();
+    let tok = qwen();
+    let set = qwen_burn_data::load_prompts(&path, &tok, &template, None).unwrap();
+    let text = &set.items[0].text;
+    assert!(
+        text.ends_with("2 + 2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{text:?}"
+    );
+    assert_eq!(set.items[0].ids, tok.encode(text).unwrap());
 }

@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
 use crate::model::Qwen3ForCausalLM;
 
 /// How to pick each next token and when to stop.
@@ -221,8 +222,17 @@ fn generate_here(
     prompt: &[u32],
     cfg: &SamplingConfig,
     device: &Device,
-    mut on_token: impl FnMut(u32),
+    on_token: impl FnMut(u32),
 ) -> Result<Generation> {
+    run(model, &mut model.new_cache(), prompt, cfg, device, on_token)
+}
+
+/// Checks the sampling and the prompt (not empty, every id below `vocab_size`).
+pub(crate) fn check_prompt(
+    model: &Qwen3ForCausalLM,
+    prompt: &[u32],
+    cfg: &SamplingConfig,
+) -> Result<()> {
     cfg.validate()?;
     if prompt.is_empty() {
         return Err(ModelError::InvalidInput(
@@ -235,8 +245,24 @@ fn generate_here(
             "prompt token id {bad} is out of range for vocab_size {vocab}"
         )));
     }
+    Ok(())
+}
+
+/// The generation loop on `cache`, which may already hold the keys and values of a head of
+/// `prompt` (`cache.seq_len` tokens, fewer than the prompt's): the prefill computes the rest.
+/// On return the cache holds the prompt and every new token but the last.
+pub(crate) fn run(
+    model: &Qwen3ForCausalLM,
+    cache: &mut KvCache,
+    prompt: &[u32],
+    cfg: &SamplingConfig,
+    device: &Device,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation> {
+    check_prompt(model, prompt, cfg)?;
+    let cached = cache.seq_len;
+    debug_assert!(cached < prompt.len() && cfg.use_cache || cached == 0);
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let mut cache = model.new_cache();
     let mut sequence = prompt.to_vec();
     // Grown as tokens come: `max_new_tokens` is a user bound, not a size to reserve.
     let mut new_tokens = Vec::new();
@@ -250,13 +276,14 @@ fn generate_here(
                 .forward_hidden(ids_tensor(&sequence, 1, device), None, None)
                 .0
         } else if step == 0 {
+            let rest = &prompt[cached..];
             model
-                .forward_hidden(ids_tensor(prompt, 1, device), None, Some(&mut cache))
+                .forward_hidden(ids_tensor(rest, 1, device), None, Some(&mut *cache))
                 .0
         } else {
             let last = &sequence[sequence.len() - 1..];
             model
-                .forward_hidden(ids_tensor(last, 1, device), None, Some(&mut cache))
+                .forward_hidden(ids_tensor(last, 1, device), None, Some(&mut *cache))
                 .0
         };
         let logits = last_logits(model, hidden, 1)?;

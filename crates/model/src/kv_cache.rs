@@ -93,4 +93,13 @@ impl KvCache {
             rope_seq_len: 0,
         }
     }
+
+    /// Keep the first `len` positions (no-op past the filled length): later appends overwrite
+    /// the rest of the buffers.
+    pub fn truncate(&mut self, len: usize) {
+        for layer in &mut self.layers {
+            layer.len = layer.len.min(len);
+        }
+        self.seq_len = self.seq_len.min(len);
+    }
 }

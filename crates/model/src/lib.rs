@@ -12,6 +12,7 @@
 pub mod attention;
 pub mod block;
 pub mod config;
+pub mod continuation;
 pub mod device;
 #[cfg(feature = "wgpu")]
 mod device_probe;
@@ -35,6 +36,7 @@ pub mod rope;
 pub mod weights;
 
 pub use config::{BalanceLoss, ModelType, MoeConfig, Qwen3Config, RopeScaling};
+pub use continuation::{Continuation, PrefixCache, generate_continuing};
 pub use device::{BackendKind, DeviceSet, device_from_name};
 pub use documents::Documents;
 pub use error::{ModelError, Result};

@@ -102,6 +102,10 @@ pub struct Args {
     /// tokenizer.json (default: next to the model).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// With --pairs or --generate: extra variables for the chat template of conversational
+    /// lines, as a JSON object ('{"enable_thinking": false}': Qwen3's non-thinking prompts).
+    #[arg(long, value_parser = super::template_kwargs)]
+    pub chat_template_kwargs: Option<qwen_burn_data::TemplateKwargs>,
     /// Tokens per window (default: the model's max_position_embeddings, at most 1024).
     #[arg(long, value_parser = super::positive)]
     pub context: Option<usize>,
@@ -154,6 +158,9 @@ pub(super) fn write_records<T: serde::Serialize>(
 
 pub fn run(args: Args) -> Result<()> {
     check_records(&args)?;
+    if args.chat_template_kwargs.is_some() && args.pairs.is_none() && args.generate.is_none() {
+        bail!("--chat-template-kwargs is read with --pairs or --generate only");
+    }
     let (model, device) = args.model.load()?;
     let tok = find_tokenizer(&args.model.model, args.tokenizer.as_deref())?
         .context("no tokenizer.json next to the model; pass --tokenizer")?;
@@ -171,6 +178,7 @@ pub fn run(args: Args) -> Result<()> {
             seed: args.seed,
             json: args.json,
             records: args.records.as_deref(),
+            template_kwargs: args.chat_template_kwargs.as_ref(),
         };
         return super::generation::run_generate(&generate, prompts, &model, &tok, &device);
     }
@@ -183,6 +191,7 @@ pub fn run(args: Args) -> Result<()> {
             gamma: args.gamma,
             sft_weight: args.sft_weight,
             batch_pairs: args.batch_size,
+            template_kwargs: args.chat_template_kwargs.as_ref(),
         };
         let load = |path: &std::path::Path| {
             let path = qwen_burn_model::hub::resolve(path)?;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use qwen_burn_data::{ChatTemplate, Message, Tok};
+use qwen_burn_data::{Message, TemplateKwargs, Tok};
 use qwen_burn_model::{GenerationConfig, ModelError, SamplingConfig, SamplingDefaults, generate};
 use qwen_burn_train::run::checkpoint::find_beside;
 use serde_json::json;
@@ -30,9 +30,30 @@ pub struct Args {
     /// A system message put before --chat / --chat-json messages.
     #[arg(long)]
     pub system: Option<String>,
+    /// Extra variables for the chat template of --chat / --chat-json, as a JSON object (the
+    /// keyword arguments of transformers' `apply_chat_template`): '{"enable_thinking": false}'
+    /// is Qwen3's non-thinking mode. A variable the template never reads is refused.
+    #[arg(long, value_parser = super::template_kwargs)]
+    pub chat_template_kwargs: Option<TemplateKwargs>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// tokenizer.json (default: next to the model).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Recompute the whole prefix every step instead of using the KV cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The sampling flags of `generate` and `chat`.
+#[derive(clap::Args, Debug)]
+pub struct SamplingArgs {
     /// Tokens to generate at most (default: generation_config.json's max_new_tokens, else 64).
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
@@ -50,22 +71,13 @@ pub struct Args {
     pub top_p: Option<f32>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// tokenizer.json (default: next to the model).
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
     /// Do not stop at the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Recompute the whole prefix every step instead of using the KV cache.
-    #[arg(long)]
-    pub no_cache: bool,
-    /// Print one JSON object instead of streaming text.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// `generation_config.json` next to the model (or in its run directory).
-fn find_generation_config(model_dir: &Path) -> Result<Option<GenerationConfig>> {
+pub fn find_generation_config(model_dir: &Path) -> Result<Option<GenerationConfig>> {
     let Some(path) = find_beside(model_dir, "generation_config.json") else {
         return Ok(None);
     };
@@ -85,7 +97,8 @@ fn find_generation_config(model_dir: &Path) -> Result<Option<GenerationConfig>> 
 /// `generation_config.json`, and on the tokenizer's document end and chat turn end
 /// (`<|endoftext|>`, `<|im_end|>`) when it has them.
 pub fn sampling_config(
-    args: &Args,
+    args: &SamplingArgs,
+    use_cache: bool,
     config_eos: &[u32],
     generation: Option<&GenerationConfig>,
     tok: Option<&Tok>,
@@ -142,7 +155,7 @@ pub fn sampling_config(
         top_p: args.top_p.or(defaults.top_p).filter(|_| sampling),
         seed: args.seed,
         stop_tokens,
-        use_cache: !args.no_cache,
+        use_cache,
     })
 }
 
@@ -165,10 +178,15 @@ fn chat_prompt(args: &Args, tok: Option<&Tok>) -> Result<Option<String>> {
             })?;
             messages.extend(turns);
         }
-        (None, None) => return Ok(None),
+        (None, None) => {
+            if args.chat_template_kwargs.is_some() {
+                bail!("--chat-template-kwargs is read with --chat or --chat-json only");
+            }
+            return Ok(None);
+        }
     }
     let tok = tok.context("--chat needs a tokenizer: put tokenizer.json next to the model")?;
-    let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
+    let template = super::chat_template(tok, args.chat_template_kwargs.as_ref())?;
     Ok(Some(template.render(&messages, true)?))
 }
 
@@ -190,7 +208,8 @@ pub fn run(args: Args) -> Result<()> {
     };
     let gen_config = find_generation_config(&args.model.model)?;
     let cfg = sampling_config(
-        &args,
+        &args.sampling,
+        !args.no_cache,
         &model.config.eos_token_id,
         gen_config.as_ref(),
         tok.as_ref(),

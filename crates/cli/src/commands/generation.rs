@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use burn::tensor::Device;
-use qwen_burn_data::{ChatTemplate, Tok, load_prompts};
+use qwen_burn_data::{TemplateKwargs, Tok, load_prompts};
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_train::config::RlConfig;
 use qwen_burn_train::eval::generation::evaluate_generation;
@@ -24,6 +24,8 @@ pub struct GenerateArgs<'a> {
     pub json: bool,
     /// `--records`: each prompt's greedy completion and score, as JSONL.
     pub records: Option<&'a Path>,
+    /// `--chat-template-kwargs`.
+    pub template_kwargs: Option<&'a TemplateKwargs>,
 }
 
 pub fn run_generate(
@@ -48,7 +50,7 @@ pub fn run_generate(
             pattern: pattern(Reward::GSM8K_PATTERN)?,
         },
     };
-    let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
+    let template = super::chat_template(tok, args.template_kwargs)?;
     let mut prompts = load_prompts(path, tok, &template, None)
         .with_context(|| format!("reading {}", path.display()))?;
     if let Some(limit) = args.limit {

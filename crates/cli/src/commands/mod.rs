@@ -3,6 +3,7 @@
 
 pub mod batches;
 pub mod bench;
+pub mod chat;
 pub mod config;
 pub mod data;
 pub mod eval;
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
-use qwen_burn_data::Tok;
+use qwen_burn_data::{ChatTemplate, TemplateKwargs, Tok};
 use qwen_burn_model::{DeviceSet, Qwen3ForCausalLM};
 use qwen_burn_train::RunConfig;
 use qwen_burn_train::run::checkpoint::{find_beside, load_model_any};
@@ -149,4 +150,21 @@ pub fn positive(s: &str) -> std::result::Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(format!("expected a whole number of at least 1: {e}")),
     }
+}
+
+/// `--chat-template-kwargs`: a JSON object of the chat template's extra variables.
+pub fn template_kwargs(s: &str) -> std::result::Result<TemplateKwargs, String> {
+    serde_json::from_str(s).map_err(|e| {
+        format!("expected a JSON object of template variables, such as '{{\"enable_thinking\": false}}': {e}")
+    })
+}
+
+/// The chat template beside `tok` (its `tokenizer_config.json`; ChatML when it has none), with
+/// `--chat-template-kwargs` when given.
+pub fn chat_template(tok: &Tok, kwargs: Option<&TemplateKwargs>) -> Result<ChatTemplate> {
+    let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
+    Ok(template.with_kwargs(
+        kwargs.cloned().unwrap_or_default(),
+        "--chat-template-kwargs",
+    )?)
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use qwen_burn_data::{
-    ChatTemplate, PreferenceData, Tok, Truncation, completion_eos, load_preferences,
+    PreferenceData, TemplateKwargs, Tok, Truncation, completion_eos, load_preferences,
 };
 use qwen_burn_model::Qwen3ForCausalLM;
 use qwen_burn_train::config::{PreferenceConfig, PreferenceLoss};
@@ -26,6 +26,8 @@ pub struct PairsArgs<'a> {
     pub gamma: Option<f64>,
     pub sft_weight: f64,
     pub batch_pairs: usize,
+    /// `--chat-template-kwargs`.
+    pub template_kwargs: Option<&'a TemplateKwargs>,
 }
 
 /// `[chosen, rejected]` summed completion log-probabilities of every pair, each row as long as
@@ -67,7 +69,7 @@ pub fn run_pairs(
         (None, Some(_)) => Some(PreferenceLoss::Sigmoid),
         (None, None) => None,
     };
-    let template = ChatTemplate::beside(tok.path())?.unwrap_or_else(ChatTemplate::chatml);
+    let template = super::chat_template(tok, args.template_kwargs)?;
     let eos = completion_eos(tok, &template)?;
     let data = load_preferences(
         args.pairs,

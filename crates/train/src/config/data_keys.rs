@@ -1,14 +1,107 @@
-//! The `[data]` keys one data kind reads and another does not: naming one for the wrong kind
-//! is an error, not a silently ignored setting.
+//! The `[data]` section, and the keys one data kind reads and another does not: naming one for
+//! the wrong kind is an error, not a silently ignored setting.
 
-use qwen_burn_data::Packing;
+use std::path::PathBuf;
 
-use super::{DataKind, RunConfig};
+use qwen_burn_data::{Packing, SampleMode};
+use serde::{Deserialize, Serialize};
+
+use super::RunConfig;
 use crate::error::{Result, TrainError};
+
+/// `data.kind`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    /// Packed windows of a tokenised corpus.
+    #[default]
+    Text,
+    /// Chat JSONL with the loss on the assistant's tokens only.
+    Sft,
+    /// Preference pairs (JSONL: prompt, chosen, rejected), for `[preference]`'s losses.
+    Preference,
+    /// Prompts with reference answers (JSONL or Parquet: prompt, answer; GSM8K's question,
+    /// answer), for `[rl]`.
+    Prompts,
+}
+
+impl DataKind {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataKind::Text => "text",
+            DataKind::Sft => "sft",
+            DataKind::Preference => "preference",
+            DataKind::Prompts => "prompts",
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `text`, `sft`, `preference` or `prompts`.
+    pub kind: DataKind,
+    /// Corpus files or directories (text: .txt, .jsonl, .gz, .parquet; sft: one JSONL file).
+    /// Required.
+    pub inputs: Vec<PathBuf>,
+    /// Validation inputs for `sft` (text splits `val_fraction` off the corpus instead).
+    pub val_inputs: Vec<PathBuf>,
+    /// HF tokenizer.json (or .json.gz). Required, except with `model.from`: then the model's
+    /// own `tokenizer.json` (beside it, or in its run directory).
+    pub tokenizer: PathBuf,
+    /// Where prepared token shards go (default `.cache/shards/<hash of inputs and tokenizer>`).
+    pub cache_dir: Option<PathBuf>,
+    /// Fraction of documents held out for validation (text).
+    pub val_fraction: f64,
+    /// JSONL field, or Parquet string column, holding the text.
+    pub text_field: String,
+    /// `random` windows from a seeded RNG, or `epochs` over a seeded shuffle of windows.
+    pub sampling: SampleMode,
+    /// SFT: pack several conversations per row (true) or one per row, padded (false).
+    pub pack: bool,
+    /// SFT with `pack`: `"best_fit_decreasing"` places conversations longest first, each into
+    /// the fullest row it fits (TRL's `"bfd"`, fewest rows); `"in_order"` appends them in file
+    /// order to the last row while they fit.
+    pub packing: Packing,
+    /// Keep the documents of a packed row apart: attention stays within each document and RoPE
+    /// positions restart at 0 at each document start. Text: documents end at the tokenizer's
+    /// end-of-document separator; SFT (with `pack`): each conversation is a document.
+    pub document_mask: bool,
+    /// Extra variables for the model's chat template wherever a run renders one (SFT, preference
+    /// and prompt data): `{ enable_thinking = false }` puts Qwen3's empty `<think>` block after
+    /// each generation prompt (its non-thinking mode), as `apply_chat_template(...,
+    /// enable_thinking=False)` and TRL's `chat_template_kwargs`. A variable the template never
+    /// reads is an error naming the ones it does.
+    pub chat_template_kwargs: Option<toml::Table>,
+    /// Batches prepared ahead by the background loader.
+    pub prefetch: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            kind: DataKind::Text,
+            inputs: Vec::new(),
+            val_inputs: Vec::new(),
+            tokenizer: PathBuf::new(),
+            cache_dir: None,
+            val_fraction: 0.01,
+            text_field: "text".into(),
+            sampling: SampleMode::Random,
+            pack: true,
+            packing: Packing::default(),
+            document_mask: true,
+            chat_template_kwargs: None,
+            prefetch: 4,
+        }
+    }
+}
 
 /// `[data]` keys that only one data kind reads; naming one for the other kind is an error.
 const TEXT_ONLY_KEYS: &[&str] = &["cache_dir", "val_fraction", "text_field", "sampling"];
-const SFT_ONLY_KEYS: &[&str] = &["val_inputs", "pack", "packing"];
+const SFT_ONLY_KEYS: &[&str] = &["val_inputs", "pack", "packing", "chat_template_kwargs"];
 const PREFERENCE_UNUSED_KEYS: &[&str] = &[
     "cache_dir",
     "val_fraction",
@@ -18,6 +111,17 @@ const PREFERENCE_UNUSED_KEYS: &[&str] = &[
     "packing",
     "document_mask",
 ];
+
+impl DataConfig {
+    /// `chat_template_kwargs` as the template's variables (TOML values as JSON).
+    pub fn template_kwargs(&self) -> qwen_burn_data::TemplateKwargs {
+        self.chat_template_kwargs
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), super::toml_to_json(v)))
+            .collect()
+    }
+}
 
 impl RunConfig {
     /// Refuses `[data]` keys the data kind does not read (they would be silently ignored),
@@ -48,7 +152,8 @@ impl RunConfig {
             ),
             DataKind::Text => (
                 SFT_ONLY_KEYS,
-                "text runs split `data.val_fraction` off the corpus and always pack windows",
+                "text runs split `data.val_fraction` off the corpus, always pack windows and \
+                 render no chat template",
             ),
             DataKind::Prompts => (
                 PREFERENCE_UNUSED_KEYS,

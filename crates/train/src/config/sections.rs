@@ -3,93 +3,10 @@
 
 use std::path::PathBuf;
 
-use qwen_burn_data::{Packing, SampleMode};
 use serde::{Deserialize, Serialize};
 
+pub use super::data_keys::{DataConfig, DataKind};
 use super::training_choices::{ActivationCheckpointing, Precision, Reproducible};
-
-/// `data.kind`.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum DataKind {
-    /// Packed windows of a tokenised corpus.
-    #[default]
-    Text,
-    /// Chat JSONL with the loss on the assistant's tokens only.
-    Sft,
-    /// Preference pairs (JSONL: prompt, chosen, rejected), for `[preference]`'s losses.
-    Preference,
-    /// Prompts with reference answers (JSONL or Parquet: prompt, answer; GSM8K's question,
-    /// answer), for `[rl]`.
-    Prompts,
-}
-
-impl DataKind {
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DataKind::Text => "text",
-            DataKind::Sft => "sft",
-            DataKind::Preference => "preference",
-            DataKind::Prompts => "prompts",
-        }
-    }
-}
-
-/// `[data]`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct DataConfig {
-    /// `text`, `sft`, `preference` or `prompts`.
-    pub kind: DataKind,
-    /// Corpus files or directories (text: .txt, .jsonl, .gz, .parquet; sft: one JSONL file).
-    /// Required.
-    pub inputs: Vec<PathBuf>,
-    /// Validation inputs for `sft` (text splits `val_fraction` off the corpus instead).
-    pub val_inputs: Vec<PathBuf>,
-    /// HF tokenizer.json (or .json.gz). Required, except with `model.from`: then the model's
-    /// own `tokenizer.json` (beside it, or in its run directory).
-    pub tokenizer: PathBuf,
-    /// Where prepared token shards go (default `.cache/shards/<hash of inputs and tokenizer>`).
-    pub cache_dir: Option<PathBuf>,
-    /// Fraction of documents held out for validation (text).
-    pub val_fraction: f64,
-    /// JSONL field, or Parquet string column, holding the text.
-    pub text_field: String,
-    /// `random` windows from a seeded RNG, or `epochs` over a seeded shuffle of windows.
-    pub sampling: SampleMode,
-    /// SFT: pack several conversations per row (true) or one per row, padded (false).
-    pub pack: bool,
-    /// SFT with `pack`: `"best_fit_decreasing"` places conversations longest first, each into
-    /// the fullest row it fits (TRL's `"bfd"`, fewest rows); `"in_order"` appends them in file
-    /// order to the last row while they fit.
-    pub packing: Packing,
-    /// Keep the documents of a packed row apart: attention stays within each document and RoPE
-    /// positions restart at 0 at each document start. Text: documents end at the tokenizer's
-    /// end-of-document separator; SFT (with `pack`): each conversation is a document.
-    pub document_mask: bool,
-    /// Batches prepared ahead by the background loader.
-    pub prefetch: usize,
-}
-
-impl Default for DataConfig {
-    fn default() -> Self {
-        Self {
-            kind: DataKind::Text,
-            inputs: Vec::new(),
-            val_inputs: Vec::new(),
-            tokenizer: PathBuf::new(),
-            cache_dir: None,
-            val_fraction: 0.01,
-            text_field: "text".into(),
-            sampling: SampleMode::Random,
-            pack: true,
-            packing: Packing::default(),
-            document_mask: true,
-            prefetch: 4,
-        }
-    }
-}
 
 /// `[optimizer]`: AdamW, every hyperparameter explicit.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

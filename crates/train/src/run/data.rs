@@ -16,6 +16,9 @@ use super::preference_data::PreferenceSets;
 use crate::config::{DataKind, ModelSource, RunConfig};
 use crate::error::{Result, TrainError};
 
+/// The config key of the template's variables, as errors name it.
+const KWARGS: &str = "data.chat_template_kwargs";
+
 /// Training batches (prefetched) and validation batches of a run.
 pub struct DataPipeline {
     prefetcher: Prefetcher,
@@ -126,7 +129,14 @@ impl DataPipeline {
                     ));
                 }
                 // The model's own template when its tokenizer ships one, else ChatML.
-                let template = ChatTemplate::beside(&d.tokenizer)?.map(Arc::new);
+                let kwargs = d.template_kwargs();
+                let template = match ChatTemplate::beside(&d.tokenizer)? {
+                    Some(t) => Some(Arc::new(t.with_kwargs(kwargs, KWARGS)?)),
+                    None => {
+                        ChatTemplate::chatml().with_kwargs(kwargs, KWARGS)?;
+                        None
+                    }
+                };
                 if let Some(t) = &template {
                     tracing::info!(
                         "rendering chat data with the template of {}",
@@ -210,16 +220,18 @@ impl DataPipeline {
                 (Prefetcher::windows(train, sampler, d.prefetch), val)
             }
             DataKind::Preference => {
-                let template =
-                    ChatTemplate::beside(&d.tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
+                let template = ChatTemplate::beside(&d.tokenizer)?
+                    .unwrap_or_else(ChatTemplate::chatml)
+                    .with_kwargs(d.template_kwargs(), KWARGS)?;
                 let (prefetcher, val, sets) =
                     super::preference_data::open(config, &tok, &template, cursor)?;
                 preference = Some(sets);
                 (prefetcher, val)
             }
             DataKind::Prompts => {
-                let template =
-                    ChatTemplate::beside(&d.tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
+                let template = ChatTemplate::beside(&d.tokenizer)?
+                    .unwrap_or_else(ChatTemplate::chatml)
+                    .with_kwargs(d.template_kwargs(), KWARGS)?;
                 let (prefetcher, val, sets) =
                     super::prompt_data::open(config, &tok, &template, cursor)?;
                 prompts = Some(sets);
