@@ -270,23 +270,28 @@ fn full_finetune_from_a_checkpoint() {
 /// SFT data is rendered with the chat template of the `tokenizer_config.json` beside the run's
 /// tokenizer (here a ChatML variant that marks every turn with `>>`), seen in the exact batches
 /// `train` would consume; the targets are the assistant replies and their end token only.
-#[test]
-fn sft_uses_the_tokenizer_chat_template() {
-    let tmp = tempfile::tempdir().unwrap();
-    let tok_dir = tmp.path().join("tok");
+/// `dir/tok` with the shipped `tokenizer.json` and `config` as its `tokenizer_config.json`.
+fn tokenizer_dir(dir: &std::path::Path, config: &str) -> std::path::PathBuf {
+    let tok_dir = dir.join("tok");
     std::fs::create_dir_all(&tok_dir).unwrap();
     std::fs::copy(
         repo_root().join("datasets/tokenizer.json"),
         tok_dir.join("tokenizer.json"),
     )
     .unwrap();
-    std::fs::write(
-        tok_dir.join("tokenizer_config.json"),
-        serde_json::json!({"chat_template":
+    std::fs::write(tok_dir.join("tokenizer_config.json"), config).unwrap();
+    tok_dir
+}
+
+#[test]
+fn sft_uses_the_tokenizer_chat_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok_dir = tokenizer_dir(
+        tmp.path(),
+        &serde_json::json!({"chat_template":
             "{% for m in messages %}<|im_start|>{{ m.role }}\n>>{{ m.content }}<|im_end|>\n{% endfor %}"})
         .to_string(),
-    )
-    .unwrap();
+    );
     let chat = chat_jsonl(tmp.path());
     let cfg = tmp.path().join("sft.toml");
     std::fs::write(
@@ -371,18 +376,9 @@ max_steps = 1
 #[test]
 fn chat_template_kwargs_reach_the_template() {
     let tmp = tempfile::tempdir().unwrap();
-    let tok_dir = tmp.path().join("tok");
-    std::fs::create_dir_all(&tok_dir).unwrap();
-    std::fs::copy(
-        repo_root().join("datasets/tokenizer.json"),
-        tok_dir.join("tokenizer.json"),
-    )
-    .unwrap();
-    std::fs::copy(
-        repo_root().join("crates/data/tests/fixtures/tokenizers/qwen3/tokenizer_config.json"),
-        tok_dir.join("tokenizer_config.json"),
-    )
-    .unwrap();
+    let qwen3 =
+        repo_root().join("crates/data/tests/fixtures/tokenizers/qwen3/tokenizer_config.json");
+    let tok_dir = tokenizer_dir(tmp.path(), &std::fs::read_to_string(qwen3).unwrap());
     let data = tmp.path().join("pc.jsonl");
     let line = |i: usize| {
         serde_json::json!({

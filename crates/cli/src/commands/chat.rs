@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use qwen_burn_data::{Message, TemplateKwargs, Tok};
 use qwen_burn_model::{PrefixCache, generate_continuing};
 
-use super::generate::{SamplingArgs, find_generation_config, sampling_config};
+use super::generate::{SamplingArgs, TextStream, find_generation_config, sampling_config};
 use super::{ModelArgs, find_tokenizer};
 
 #[derive(clap::Args, Debug)]
@@ -124,19 +124,10 @@ pub fn run(args: Args) -> Result<()> {
         }
         cfg.seed = base_seed.wrapping_add(turn);
         let stops = cfg.stop_tokens.clone();
-        let (mut shown, mut so_far) = (String::new(), Vec::new());
+        let mut printer = TextStream::new(&tok);
         let done = generate_continuing(&model, &mut prefix, &prompt, &cfg, &device, |id| {
-            if stops.contains(&id) {
-                return;
-            }
-            so_far.push(id);
-            // Decode the whole reply so multi-token characters print correctly.
-            if let Ok(text) = tok.decode(&so_far) {
-                if let Some(delta) = text.strip_prefix(shown.as_str()) {
-                    print!("{delta}");
-                    let _ = std::io::stdout().flush();
-                }
-                shown = text;
+            if !stops.contains(&id) {
+                printer.push(id);
             }
         })?;
         println!();

@@ -51,6 +51,36 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Prints generated tokens as text as they come.
+pub struct TextStream<'a> {
+    tok: &'a Tok,
+    ids: Vec<u32>,
+    shown: String,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tok: &'a Tok) -> Self {
+        Self {
+            tok,
+            ids: Vec::new(),
+            shown: String::new(),
+        }
+    }
+
+    /// Print what `id` adds: the whole continuation is decoded again, so a character spread
+    /// over several tokens prints once it is whole.
+    pub fn push(&mut self, id: u32) {
+        self.ids.push(id);
+        if let Ok(text) = self.tok.decode(&self.ids) {
+            if let Some(delta) = text.strip_prefix(self.shown.as_str()) {
+                print!("{delta}");
+                let _ = std::io::stdout().flush();
+            }
+            self.shown = text;
+        }
+    }
+}
+
 /// The sampling flags of `generate` and `chat`.
 #[derive(clap::Args, Debug)]
 pub struct SamplingArgs {
@@ -229,19 +259,10 @@ pub fn run(args: Args) -> Result<()> {
     if stream && let Some(text) = chat_text.as_ref().or(args.prompt.as_ref()) {
         print!("{text}");
     }
-    let mut shown = String::new();
-    let mut so_far = Vec::new();
+    let mut printer = tok.as_ref().filter(|_| stream).map(TextStream::new);
     let out = generate(&model, &prompt, &cfg, &device, |id| {
-        if stream && let Some(tok) = &tok {
-            so_far.push(id);
-            // Decode the whole continuation so multi-token characters print correctly.
-            if let Ok(text) = tok.decode(&so_far) {
-                if let Some(delta) = text.strip_prefix(shown.as_str()) {
-                    print!("{delta}");
-                    let _ = std::io::stdout().flush();
-                }
-                shown = text;
-            }
+        if let Some(p) = printer.as_mut() {
+            p.push(id);
         }
     })?;
     let n = out.new_token_ids.len();
