@@ -372,7 +372,8 @@ max_steps = 1
 /// `data.chat_template_kwargs` reaches the template: with Qwen3's real template and
 /// `enable_thinking = false`, a conversational prompt-completion line's prompt ends in the empty
 /// `<think>` block, so only the answer trains; without it the block is part of the completion.
-/// A variable the template never reads, or the key on a text run, is refused naming it.
+/// A line's own `chat_template_kwargs` does the same and wins over the config's. A variable the
+/// template never reads (naming the line), or the key on a text run, is refused.
 #[test]
 fn chat_template_kwargs_reach_the_template() {
     let tmp = tempfile::tempdir().unwrap();
@@ -380,14 +381,21 @@ fn chat_template_kwargs_reach_the_template() {
         repo_root().join("crates/data/tests/fixtures/tokenizers/qwen3/tokenizer_config.json");
     let tok_dir = tokenizer_dir(tmp.path(), &std::fs::read_to_string(qwen3).unwrap());
     let data = tmp.path().join("pc.jsonl");
-    let line = |i: usize| {
-        serde_json::json!({
-            "prompt": [{"role": "user", "content": format!("What is {i} plus {i}?")}],
-            "completion": [{"role": "assistant", "content": format!("It is {}.", 2 * i)}],
-        })
-        .to_string()
+    // Every line, with `kwargs` as its own chat_template_kwargs when given.
+    let write_data = |kwargs: Option<serde_json::Value>| {
+        let line = |i: usize| {
+            let mut v = serde_json::json!({
+                "prompt": [{"role": "user", "content": format!("What is {i} plus {i}?")}],
+                "completion": [{"role": "assistant", "content": format!("It is {}.", 2 * i)}],
+            });
+            if let Some(k) = &kwargs {
+                v["chat_template_kwargs"] = k.clone();
+            }
+            v.to_string()
+        };
+        std::fs::write(&data, (0..8).map(line).collect::<Vec<_>>().join("\n")).unwrap();
     };
-    std::fs::write(&data, (0..8).map(line).collect::<Vec<_>>().join("\n")).unwrap();
+    write_data(None);
     let trained = |kind: &str, extra: &str| {
         let cfg = tmp.path().join("pc.toml");
         std::fs::write(
@@ -454,6 +462,23 @@ fn chat_template_kwargs_reach_the_template() {
     let err = trained("text", "chat_template_kwargs = { enable_thinking = false }").unwrap_err();
     assert!(
         err.contains("data.chat_template_kwargs") && err.contains("render no chat template"),
+        "{err}"
+    );
+    // A line's own variables (TRL's per-example `chat_template_kwargs`), over the config's.
+    write_data(Some(serde_json::json!({"enable_thinking": false})));
+    assert_eq!(trained("sft", "pack = false").unwrap(), plain);
+    write_data(Some(serde_json::json!({"enable_thinking": true})));
+    let own = trained(
+        "sft",
+        "pack = false\nchat_template_kwargs = { enable_thinking = false }",
+    )
+    .unwrap();
+    assert_eq!(own, thinking);
+    write_data(Some(serde_json::json!({"enable_thinkin": false})));
+    let err = trained("sft", "pack = false").unwrap_err();
+    assert!(
+        err.contains("pc.jsonl:1")
+            && err.contains("chat_template_kwargs.enable_thinkin: the chat template never reads"),
         "{err}"
     );
 }

@@ -136,10 +136,16 @@ impl SftDataset {
     pub fn load(path: &Path, tok: &Tok, opts: &ChatOptions) -> Result<Self> {
         let src = SourceFile::from_path(path);
         let raw = ingest::read_text(path, src.gz)?;
+        let chatml = ChatTemplate::chatml();
+        let template = opts.template.as_deref().unwrap_or(&chatml);
         let mut conversations = Vec::new();
         for (i, line) in raw.text.lines().enumerate() {
             if !line.trim().is_empty() {
-                conversations.push(parse_example(path, i + 1, line)?);
+                let example = parse_example(path, i + 1, line)?;
+                if let Some(kwargs) = example.template_kwargs() {
+                    ingest::check_line_kwargs(path, i + 1, kwargs, template, true)?;
+                }
+                conversations.push(example);
             }
         }
         if conversations.is_empty() {
@@ -171,7 +177,10 @@ impl SftDataset {
     ) -> Result<Self> {
         let examples: Vec<SftExample> = conversations
             .iter()
-            .map(|c| SftExample::Conversation(c.clone()))
+            .map(|c| SftExample::Conversation {
+                messages: c.clone(),
+                template_kwargs: Default::default(),
+            })
             .collect();
         Self::from_examples(&examples, tok, opts)
     }
@@ -185,7 +194,7 @@ impl SftDataset {
         let template = opts.template.as_deref().unwrap_or(&chatml);
         let eos = match examples
             .iter()
-            .all(|e| matches!(e, SftExample::Conversation(_)))
+            .all(|e| matches!(e, SftExample::Conversation { .. }))
         {
             true => String::new(),
             false => completion_eos(tok, template)?,
@@ -197,12 +206,20 @@ impl SftDataset {
         let mut rows: Vec<SftRow> = Vec::new();
         for example in examples {
             let (mut ids, mut mask) = match (example, &opts.system_prompt) {
-                (SftExample::Conversation(conv), Some(sys))
-                    if conv.first().is_none_or(|m| m.role != "system") =>
-                {
+                (
+                    SftExample::Conversation {
+                        messages: conv,
+                        template_kwargs,
+                    },
+                    Some(sys),
+                ) if conv.first().is_none_or(|m| m.role != "system") => {
                     let mut messages = vec![Message::new("system", sys)];
                     messages.extend_from_slice(conv);
-                    template.tokenize(tok, &messages)?
+                    let conversation = SftExample::Conversation {
+                        messages,
+                        template_kwargs: template_kwargs.clone(),
+                    };
+                    tokenize_example(&conversation, tok, template, &eos)?
                 }
                 _ => tokenize_example(example, tok, template, &eos)?,
             };

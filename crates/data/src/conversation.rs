@@ -94,7 +94,6 @@ pub fn parse_messages(path: &Path, line_no: usize, line: &str) -> Result<Vec<Mes
         message,
     };
     let obj = ingest::jsonl_object(path, line_no, line)?;
-    ingest::no_line_template_kwargs(path, line_no, &obj)?;
     let (list, role_key, text_key, sharegpt) = if obj.contains_key("messages") {
         ("messages", "role", "content", false)
     } else if obj.contains_key("conversations") {

@@ -297,24 +297,65 @@ pub(crate) fn jsonl_object(
     }
 }
 
-/// A chat line's `chat_template_kwargs` (TRL reads it per example): not read here, so refused
-/// rather than ignored; the variables are set for a whole file.
-pub(crate) fn no_line_template_kwargs(
+/// A line's own template variables, `"chat_template_kwargs": {...}` (TRL reads them per
+/// example); empty when the line has none. An error names the line unless it is an object.
+pub(crate) fn line_template_kwargs(
     path: &Path,
     line_no: usize,
     obj: &serde_json::Map<String, serde_json::Value>,
-) -> Result<()> {
-    match obj.contains_key("chat_template_kwargs") {
-        true => Err(DataError::Jsonl {
+) -> Result<crate::TemplateKwargs> {
+    match obj.get("chat_template_kwargs") {
+        None => Ok(crate::TemplateKwargs::new()),
+        Some(serde_json::Value::Object(kwargs)) => Ok(kwargs.clone()),
+        Some(other) => Err(DataError::Jsonl {
             path: path.to_path_buf(),
             line: line_no,
-            message: "\"chat_template_kwargs\": template variables are set for the whole file \
-                      (data.chat_template_kwargs in a run config, --chat-template-kwargs for \
-                      eval), not per line; remove the field"
-                .into(),
+            message: format!(
+                "\"chat_template_kwargs\" is {}, expected an object of template variables",
+                json_type(other)
+            ),
         }),
-        false => Ok(()),
     }
+}
+
+/// [`line_template_kwargs`], checked against `template` ([`crate::ChatTemplate::check_kwargs`]);
+/// a line that renders no template (`renders` false: text prompts and completions) may not have
+/// any. Errors name the line.
+pub(crate) fn checked_line_kwargs(
+    path: &Path,
+    line_no: usize,
+    obj: &serde_json::Map<String, serde_json::Value>,
+    template: &crate::ChatTemplate,
+    renders: bool,
+) -> Result<crate::TemplateKwargs> {
+    let kwargs = line_template_kwargs(path, line_no, obj)?;
+    check_line_kwargs(path, line_no, &kwargs, template, renders)?;
+    Ok(kwargs)
+}
+
+/// The check of [`checked_line_kwargs`] on variables already read.
+pub(crate) fn check_line_kwargs(
+    path: &Path,
+    line_no: usize,
+    kwargs: &crate::TemplateKwargs,
+    template: &crate::ChatTemplate,
+    renders: bool,
+) -> Result<()> {
+    let err = |message: String| DataError::Jsonl {
+        path: path.to_path_buf(),
+        line: line_no,
+        message,
+    };
+    if !renders && !kwargs.is_empty() {
+        return Err(err(
+            "\"chat_template_kwargs\" on a text line: only message lists are rendered with the \
+             chat template; remove the field"
+                .into(),
+        ));
+    }
+    template
+        .check_kwargs(kwargs, "chat_template_kwargs")
+        .map_err(|e| err(e.to_string()))
 }
 
 fn jsonl_documents(path: &Path, text: &str, field: &str) -> Result<Vec<String>> {

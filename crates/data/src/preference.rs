@@ -27,7 +27,7 @@ use crate::conversation::Message;
 use crate::error::{DataError, Result};
 use crate::ingest;
 use crate::sft_example::messages;
-use crate::template::ChatTemplate;
+use crate::template::{ChatTemplate, TemplateKwargs};
 use crate::tokenizer::Tok;
 
 /// One sequence of a pair: prompt then completion.
@@ -119,6 +119,7 @@ fn split_text(chosen: &str, rejected: &str) -> (String, String, String) {
 fn row_texts(
     obj: &serde_json::Map<String, Value>,
     template: &ChatTemplate,
+    kwargs: &TemplateKwargs,
     eos: &str,
     err: &dyn Fn(String) -> DataError,
 ) -> Result<(String, String, String)> {
@@ -130,12 +131,14 @@ fn row_texts(
         })
     };
     let (chosen, rejected) = (field("chosen")?, field("rejected")?);
-    if let Some(other) = obj
-        .keys()
-        .find(|k| !matches!(k.as_str(), "prompt" | "chosen" | "rejected"))
-    {
+    if let Some(other) = obj.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "prompt" | "chosen" | "rejected" | "chat_template_kwargs"
+        )
+    }) {
         return Err(err(format!(
-            "unknown field \"{other}\" (expected prompt, chosen, rejected)"
+            "unknown field \"{other}\" (expected prompt, chosen, rejected, chat_template_kwargs)"
         )));
     }
     match (chosen, rejected) {
@@ -188,7 +191,8 @@ fn row_texts(
                     return Err(err(format!("\"{name}\" has no message after the prompt")));
                 }
             }
-            let render = |m: &[Message], generation: bool| template.render(m, generation);
+            let render =
+                |m: &[Message], generation: bool| template.render_with(m, generation, kwargs);
             let joined = |tail: &[Message]| [prompt.as_slice(), tail].concat();
             Ok((
                 render(&prompt, true)?,
@@ -238,8 +242,9 @@ pub fn load_preferences(
             message,
         };
         let obj = ingest::jsonl_object(path, line_no, line)?;
-        ingest::no_line_template_kwargs(path, line_no, &obj)?;
-        let (p, pc, pr) = row_texts(&obj, template, eos, &err)?;
+        let renders = matches!(obj.get("chosen"), Some(Value::Array(_)));
+        let kwargs = ingest::checked_line_kwargs(path, line_no, &obj, template, renders)?;
+        let (p, pc, pr) = row_texts(&obj, template, &kwargs, eos, &err)?;
         let (p, pc, pr) = (tok.encode(&p)?, tok.encode(&pc)?, tok.encode(&pr)?);
         let n = common_prefix(&p, &pc).min(common_prefix(&p, &pr));
         if pc.len() == n || pr.len() == n {

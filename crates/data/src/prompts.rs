@@ -107,6 +107,27 @@ fn row_texts(
     obj: &Map<String, Value>,
     template: &ChatTemplate,
 ) -> std::result::Result<(String, String), String> {
+    // The row's own template variables (TRL's per-example `chat_template_kwargs`).
+    let kwargs = match obj.get("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(k)) => k.clone(),
+        Some(other) => {
+            return Err(format!(
+                "\"chat_template_kwargs\" is {}, expected an object of template variables",
+                ingest::json_type(other)
+            ));
+        }
+    };
+    if !kwargs.is_empty() && !matches!(obj.get("prompt"), Some(Value::Array(_))) {
+        return Err(
+            "\"chat_template_kwargs\" on a text prompt: only message lists are rendered \
+                    with the chat template; remove the field"
+                .into(),
+        );
+    }
+    template
+        .check_kwargs(&kwargs, "chat_template_kwargs")
+        .map_err(|e| e.to_string())?;
     let (field, prompt) = match (obj.get("prompt"), obj.get("question")) {
         (Some(p), _) => ("prompt", p),
         (None, Some(q)) => ("question", q),
@@ -129,7 +150,7 @@ fn row_texts(
                 return Err("\"prompt\" is an empty list of messages".into());
             }
             template
-                .render(&messages(items)?, true)
+                .render_with(&messages(items)?, true, &kwargs)
                 .map_err(|e| format!("\"prompt\" cannot be rendered: {e}"))?
         }
         other => {
@@ -176,9 +197,7 @@ fn read_rows(path: &Path) -> Result<Vec<(Place, Map<String, Value>)>> {
         if line.trim().is_empty() {
             continue;
         }
-        let obj = ingest::jsonl_object(path, i + 1, line)?;
-        ingest::no_line_template_kwargs(path, i + 1, &obj)?;
-        rows.push((Place::Line(i + 1), obj));
+        rows.push((Place::Line(i + 1), ingest::jsonl_object(path, i + 1, line)?));
     }
     Ok(rows)
 }

@@ -12,9 +12,10 @@
 //! - language modelling: `{"text": str}`, EOS appended as text unless it ends with it, every
 //!   token trained.
 //!
-//! Other fields of a line are ignored, as TRL drops columns it does not use; but a
-//! `chat_template_kwargs` field, which TRL reads per example, is refused (template variables are
-//! set for the whole file: `data.chat_template_kwargs`).
+//! A conversational line may carry its own template variables, `"chat_template_kwargs": {...}`
+//! (as TRL reads them per example), over the run's `data.chat_template_kwargs`; a text line with
+//! them is an error (nothing of it is rendered). Other fields of a line are ignored, as TRL drops
+//! columns it does not use.
 
 use std::path::Path;
 
@@ -23,14 +24,19 @@ use serde_json::Value;
 use crate::conversation::{Message, parse_messages};
 use crate::error::{DataError, Result};
 use crate::ingest;
-use crate::template::ChatTemplate;
+use crate::template::{ChatTemplate, TemplateKwargs};
 use crate::tokenizer::Tok;
 
 /// One SFT example.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SftExample {
     /// A conversation; its assistant turns are trained.
-    Conversation(Vec<Message>),
+    Conversation {
+        /// The messages.
+        messages: Vec<Message>,
+        /// The line's own template variables (`chat_template_kwargs`).
+        template_kwargs: TemplateKwargs,
+    },
     /// A text prompt and its completion; the completion (and EOS) is trained.
     TextCompletion {
         /// The prompt.
@@ -44,9 +50,26 @@ pub enum SftExample {
         prompt: Vec<Message>,
         /// The completion's messages.
         completion: Vec<Message>,
+        /// The line's own template variables (`chat_template_kwargs`).
+        template_kwargs: TemplateKwargs,
     },
     /// A text; every token (and EOS) is trained.
     Text(String),
+}
+
+impl SftExample {
+    /// The line's own template variables, where the layout renders a template.
+    pub fn template_kwargs(&self) -> Option<&TemplateKwargs> {
+        match self {
+            SftExample::Conversation {
+                template_kwargs, ..
+            }
+            | SftExample::ChatCompletion {
+                template_kwargs, ..
+            } => Some(template_kwargs),
+            _ => None,
+        }
+    }
 }
 
 /// A field as a list of `{"role", "content"}` messages, naming the line and field on error.
@@ -85,7 +108,7 @@ pub fn parse_example(path: &Path, line_no: usize, line: &str) -> Result<SftExamp
         message,
     };
     let obj = ingest::jsonl_object(path, line_no, line)?;
-    ingest::no_line_template_kwargs(path, line_no, &obj)?;
+    let template_kwargs = ingest::line_template_kwargs(path, line_no, &obj)?;
     let has = |k: &str| obj.contains_key(k);
     let layouts = [
         has("messages") || has("conversations"),
@@ -100,7 +123,19 @@ pub fn parse_example(path: &Path, line_no: usize, line: &str) -> Result<SftExamp
         ));
     }
     if layouts[0] {
-        return parse_messages(path, line_no, line).map(SftExample::Conversation);
+        return Ok(SftExample::Conversation {
+            messages: parse_messages(path, line_no, line)?,
+            template_kwargs,
+        });
+    }
+    // Only message lists are rendered with the template.
+    let text_line = layouts[2] || matches!(obj.get("prompt"), Some(Value::String(_)));
+    if text_line && !template_kwargs.is_empty() {
+        return Err(err(
+            "\"chat_template_kwargs\" on a text line: only message lists are rendered with the \
+             chat template; remove the field"
+                .into(),
+        ));
     }
     if layouts[2] {
         return match &obj["text"] {
@@ -144,6 +179,7 @@ pub fn parse_example(path: &Path, line_no: usize, line: &str) -> Result<SftExamp
             Ok(SftExample::ChatCompletion {
                 prompt: messages(p, "prompt", &err)?,
                 completion,
+                template_kwargs,
             })
         }
         (p, c) => Err(err(format!(
@@ -165,7 +201,7 @@ fn with_eos(text: &str, eos: &str) -> String {
 
 /// Token ids and loss mask of an example (see the module docs). `eos` is the text appended to
 /// text completions and texts; a conversation trains on its assistant turns
-/// ([`ChatTemplate::tokenize`]).
+/// ([`ChatTemplate::tokenize`]). A line's template variables are checked against `template`.
 pub fn tokenize_example(
     example: &SftExample,
     tok: &Tok,
@@ -173,7 +209,13 @@ pub fn tokenize_example(
     eos: &str,
 ) -> Result<(Vec<u32>, Vec<u8>)> {
     let (prompt, whole) = match example {
-        SftExample::Conversation(conv) => return template.tokenize(tok, conv),
+        SftExample::Conversation {
+            messages,
+            template_kwargs,
+        } => {
+            template.check_kwargs(template_kwargs, "chat_template_kwargs")?;
+            return template.tokenize_with(tok, messages, template_kwargs);
+        }
         SftExample::Text(text) => {
             let ids = tok.encode(&with_eos(text, eos))?;
             let mask = vec![1; ids.len()];
@@ -183,10 +225,17 @@ pub fn tokenize_example(
             prompt.clone(),
             format!("{prompt}{}", with_eos(completion, eos)),
         ),
-        SftExample::ChatCompletion { prompt, completion } => (
-            template.render(prompt, true)?,
-            template.render(&[prompt.as_slice(), completion].concat(), false)?,
-        ),
+        SftExample::ChatCompletion {
+            prompt,
+            completion,
+            template_kwargs: kw,
+        } => {
+            template.check_kwargs(kw, "chat_template_kwargs")?;
+            (
+                template.render_with(prompt, true, kw)?,
+                template.render_with(&[prompt.as_slice(), completion].concat(), false, kw)?,
+            )
+        }
     };
     let (prompt, ids) = (tok.encode(&prompt)?, tok.encode(&whole)?);
     let n = prompt.iter().zip(&ids).take_while(|(a, b)| a == b).count();

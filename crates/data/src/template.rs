@@ -131,10 +131,18 @@ impl ChatTemplate {
     }
 
     /// The template with extra variables for every rendering (`what` names them in errors, as
-    /// `data.chat_template_kwargs` or `--chat-template-kwargs`). Each must be a variable the
-    /// template reads and not one qwen-burn sets: a variable the template never reads would be
-    /// silently ignored (transformers ignores it), so it is refused, naming those it reads.
+    /// `data.chat_template_kwargs` or `--chat-template-kwargs`), checked by
+    /// [`Self::check_kwargs`].
     pub fn with_kwargs(mut self, kwargs: TemplateKwargs, what: &str) -> Result<Self> {
+        self.check_kwargs(&kwargs, what)?;
+        self.kwargs = kwargs;
+        Ok(self)
+    }
+
+    /// Each variable must be one the template reads and not one qwen-burn sets: a variable the
+    /// template never reads would be silently ignored (transformers ignores it), so it is
+    /// refused, naming those it reads. The built-in ChatML reads none.
+    pub fn check_kwargs(&self, kwargs: &TemplateKwargs, what: &str) -> Result<()> {
         let bad = |message: String| DataError::ChatTemplate {
             path: self.source.clone(),
             message,
@@ -146,8 +154,11 @@ impl ChatTemplate {
                      tokenizer has no tokenizer_config.json with a chat_template beside it)"
                 )));
             }
-            return Ok(self);
+            return Ok(());
         };
+        if kwargs.is_empty() {
+            return Ok(());
+        }
         let template = env.get_template("chat").expect("added at load");
         let read = template.undeclared_variables(false);
         for key in kwargs.keys() {
@@ -174,8 +185,7 @@ impl ChatTemplate {
                 )));
             }
         }
-        self.kwargs = kwargs;
-        Ok(self)
+        Ok(())
     }
 
     /// The extra variables every rendering gets (see [`Self::with_kwargs`]).
@@ -196,6 +206,17 @@ impl ChatTemplate {
     /// The conversation as text; with `add_generation_prompt`, followed by the opening of an
     /// assistant turn (what generation continues from).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, &TemplateKwargs::new())
+    }
+
+    /// [`Self::render`] with `extra` variables (a line's own `chat_template_kwargs`, checked by
+    /// [`Self::check_kwargs`]) over the template's own.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &TemplateKwargs,
+    ) -> Result<String> {
         let Some(env) = &self.env else {
             let mut s = render_chat(messages);
             if add_generation_prompt {
@@ -205,12 +226,14 @@ impl ChatTemplate {
             return Ok(s);
         };
         let template = env.get_template("chat").expect("added at load");
+        let mut merged = self.kwargs.clone();
+        merged.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let ctx = minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
-            ..Value::from(minijinja::value::Serde(&self.kwargs))
+            ..Value::from(minijinja::value::Serde(&merged))
         };
         template.render(ctx).map_err(|e| DataError::ChatTemplate {
             path: self.source.clone(),
@@ -222,10 +245,20 @@ impl ChatTemplate {
     /// and the end token of its turn), from the rendered text (see the module docs).
     /// The built-in ChatML tokenises turn by turn ([`tokenize_chat`]).
     pub fn tokenize(&self, tok: &Tok, messages: &[Message]) -> Result<(Vec<u32>, Vec<u8>)> {
+        self.tokenize_with(tok, messages, &TemplateKwargs::new())
+    }
+
+    /// [`Self::tokenize`] with `extra` variables, as [`Self::render_with`].
+    pub fn tokenize_with(
+        &self,
+        tok: &Tok,
+        messages: &[Message],
+        extra: &TemplateKwargs,
+    ) -> Result<(Vec<u32>, Vec<u8>)> {
         if self.env.is_none() {
             return tokenize_chat(tok, messages);
         }
-        let text = self.render(messages, false)?;
+        let text = self.render_with(messages, false, extra)?;
         let spans = assistant_spans(&text, messages).ok_or_else(|| DataError::ChatTemplate {
             path: self.source.clone(),
             message: "an assistant reply is not found verbatim in the rendered conversation, so \

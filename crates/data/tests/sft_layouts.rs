@@ -61,7 +61,7 @@ fn the_layouts_are_told_apart_and_bad_lines_name_their_fault() {
     ));
     assert!(matches!(
         parse(r#"{"messages": [{"role": "user", "content": "hi"}]}"#),
-        Ok(SftExample::Conversation(_))
+        Ok(SftExample::Conversation { .. })
     ));
     assert!(matches!(parse(r#"{"text": "a"}"#), Ok(SftExample::Text(_))));
     for (line, says) in [
@@ -87,12 +87,16 @@ fn the_layouts_are_told_apart_and_bad_lines_name_their_fault() {
         (r#"{"text": ""}"#, "\"text\" is empty"),
         (r#"{"answer": "a"}"#, "no \"messages\""),
         (
-            r#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {}}"#,
-            "set for the whole file (data.chat_template_kwargs",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]}"#,
+            "\"chat_template_kwargs\" is an array, expected an object",
         ),
         (
             r#"{"prompt": "a", "completion": "b", "chat_template_kwargs": {"enable_thinking": false}}"#,
-            "not per line",
+            "on a text line",
+        ),
+        (
+            r#"{"text": "a", "chat_template_kwargs": {"enable_thinking": false}}"#,
+            "on a text line",
         ),
     ] {
         match parse(line) {

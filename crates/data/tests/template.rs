@@ -179,3 +179,78 @@ fn template_variables_reach_rendered_prompts() {
     );
     assert_eq!(set.items[0].ids, tok.encode(text).unwrap());
 }
+
+/// A line's own `chat_template_kwargs` (TRL's per-example column) renders that line's prompt,
+/// in prompt files and preference pairs; the others keep the template's defaults. On a text
+/// prompt, or naming a variable the template never reads, it is an error naming the line.
+#[test]
+fn a_line_s_own_template_variables_render_that_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = qwen();
+    let user = r#"[{"role": "user", "content": "What is 2 + 2?"}]"#;
+    let own = r#""chat_template_kwargs": {"enable_thinking": false}"#;
+    let prompts = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        format!(
+            "{{\"prompt\": {user}, \"answer\": \"4\", {own}}}\n{{\"prompt\": {user}, \"answer\": \"4\"}}\n"
+        ),
+    )
+    .unwrap();
+    let set = qwen_burn_data::load_prompts(&prompts, &tok, &qwen_template(), None).unwrap();
+    assert!(
+        set.items[0]
+            .text
+            .ends_with("assistant\n<think>\n\n</think>\n\n")
+    );
+    assert!(
+        set.items[1]
+            .text
+            .ends_with("2 + 2?<|im_end|>\n<|im_start|>assistant\n")
+    );
+    let pairs = dir.path().join("pairs.jsonl");
+    let reply = |t: &str| format!(r#"[{{"role": "assistant", "content": "{t}"}}]"#);
+    std::fs::write(
+        &pairs,
+        format!(
+            "{{\"prompt\": {user}, \"chosen\": {}, \"rejected\": {}, {own}}}\n",
+            reply("4."),
+            reply("5.")
+        ),
+    )
+    .unwrap();
+    let data = qwen_burn_data::load_preferences(
+        &pairs,
+        &tok,
+        &qwen_template(),
+        "<|im_end|>",
+        None,
+        qwen_burn_data::Truncation::KeepStart,
+    )
+    .unwrap();
+    let chosen = &data.pairs[0].chosen;
+    let prompt = tok.decode(&chosen.ids[..chosen.prompt_len]).unwrap();
+    assert!(
+        prompt.ends_with("assistant\n<think>\n\n</think>\n\n"),
+        "{prompt:?}"
+    );
+    assert!(tok.decode(chosen.completion()).unwrap().starts_with("4."));
+    for (line, says) in [
+        (
+            format!(r#"{{"prompt": "2 + 2?", "answer": "4", {own}}}"#),
+            "prompts.jsonl:1: \"chat_template_kwargs\" on a text prompt",
+        ),
+        (
+            format!(
+                r#"{{"prompt": {user}, "answer": "4", "chat_template_kwargs": {{"think": 1}}}}"#
+            ),
+            "prompts.jsonl:1: chat template of",
+        ),
+    ] {
+        std::fs::write(&prompts, line).unwrap();
+        let err = qwen_burn_data::load_prompts(&prompts, &tok, &qwen_template(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{err}");
+    }
+}

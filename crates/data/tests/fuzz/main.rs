@@ -180,6 +180,9 @@ const CHAT_SEEDS: &[&str] = &[
 {"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Hello."}]}
 {"text": "Now is the winter of our discontent<|endoftext|>"}
 "#,
+    r#"{"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Hello."}], "chat_template_kwargs": {"enable_thinking": false}}
+{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes."}], "chat_template_kwargs": {"enable_thinking": true}}
+"#,
 ];
 
 const CHAT_KEYS: &[&str] = &[
@@ -198,6 +201,8 @@ const CHAT_KEYS: &[&str] = &[
     "prompt",
     "completion",
     "text",
+    "chat_template_kwargs",
+    "enable_thinking",
     "",
 ];
 
