@@ -1,10 +1,13 @@
 //! SFT lines in TRL's other layouts: prompt-completion (text and conversational) and plain
 //! text, tokenised and masked as TRL 1.16.0's `SFTTrainer` does
-//! (`fixtures/sft_layouts/make_fixture.py`), and malformed lines as errors naming the line.
+//! (`fixtures/sft_layouts/make_fixture.py`), also with per-line `chat_template_kwargs` (a
+//! template with a thinking switch), and malformed lines as errors naming the line.
 
 use std::path::{Path, PathBuf};
 
-use qwen_burn_data::{ChatOptions, DataError, SftDataset, SftExample, Tok, parse_example};
+use qwen_burn_data::{
+    ChatOptions, ChatTemplate, DataError, SftDataset, SftExample, Tok, parse_example,
+};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -27,11 +30,22 @@ fn every_layout_trains_on_what_trl_trains_on() {
     for file in [
         "text_completion.jsonl",
         "chat_completion.jsonl",
+        "chat_completion_kwargs.jsonl",
         "text.jsonl",
     ] {
+        // The per-line variables' file is rendered with a template that reads them.
+        let template = file.contains("kwargs").then(|| {
+            let config = fixtures().join("tokenizer_config_think.json");
+            std::sync::Arc::new(
+                ChatTemplate::from_tokenizer_config(&config)
+                    .unwrap()
+                    .unwrap(),
+            )
+        });
         let opts = ChatOptions {
             seq_len: 255,
             pack: false,
+            template,
             ..ChatOptions::default()
         };
         let ds = SftDataset::load(&fixtures().join(file), &tok, &opts).unwrap();
