@@ -138,3 +138,58 @@ fn chat_turns_continue_the_conversation_generate_would_render() {
         assert!(err.contains("[conversation cleared]"), "{err}");
     }
 }
+
+/// A message whose prefill cannot fit (under `QWEN_BURN_MEMORY_LIMIT`) is refused before
+/// allocating, naming the prompt's tokens; `chat` drops it and answers the next message as if it
+/// had not been sent, and `generate` stops with the same error.
+#[test]
+fn a_prompt_too_large_to_prefill_is_refused_before_allocating() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tiny_hf_with_tokenizer(tmp.path());
+    let long = "the cat sat on the mat. ".repeat(20000);
+    let limit = [("QWEN_BURN_MEMORY_LIMIT", "150MiB")];
+    let mut child = qwen_burn_command()
+        .args([
+            "chat",
+            "--model",
+            s(&hf),
+            "--ignore-eos",
+            "--max-new-tokens",
+            "4",
+        ])
+        .envs(limit)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = format!("{long}\nWho wrote Emma?\n");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("error: this turn's prefill (") && err.contains("KV cache (the conversation"),
+        "{err}"
+    );
+    let user = json!([{"role": "user", "content": "Who wrote Emma?"}]);
+    let (reply, _, _) = reference(&hf, tmp.path(), &user, &["--max-new-tokens", "4"]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), format!("{reply}\n"));
+    let conv = tmp.path().join("long.json");
+    std::fs::write(
+        &conv,
+        json!([{"role": "user", "content": long}]).to_string(),
+    )
+    .unwrap();
+    let out = qwen_burn(
+        &["generate", "--model", s(&hf), "--chat-json", s(&conv)],
+        &limit,
+    );
+    let err = fails(&out);
+    assert!(err.contains("generate's prefill ("), "{err}");
+}

@@ -217,6 +217,35 @@ impl Qwen3Config {
     }
 }
 
+impl Qwen3Config {
+    /// The memory of a generation's prefill over a prompt of `tokens` tokens: the parameters,
+    /// the KV cache that holds them (every layer's keys and values, in a buffer of the next power
+    /// of two positions) and one layer's activations over the prompt. The new tokens are not
+    /// counted: `max_new_tokens` is a bound the cache grows towards, not a size reserved.
+    /// `shape` names what sets `tokens` (`the prompt`, `the conversation`).
+    pub fn generation_estimate(&self, tokens: usize, shape: &str) -> Estimate {
+        let n = |x: usize| x as u128;
+        let mut estimate = self.parameter_estimate();
+        let capacity = n(tokens).max(1).next_power_of_two().max(256);
+        estimate.push(
+            2 * n(self.num_hidden_layers)
+                * n(self.num_key_value_heads)
+                * n(self.head_dim)
+                * capacity
+                * F32,
+            format!(
+                "KV cache ({shape}'s tokens x num_hidden_layers x num_key_value_heads x head_dim, \
+                 keys and values)"
+            ),
+        );
+        let activations = self.forward_estimate(1, tokens, shape).parts.pop();
+        if let Some(part) = activations {
+            estimate.parts.push(part);
+        }
+        estimate
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

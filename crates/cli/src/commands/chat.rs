@@ -114,6 +114,16 @@ pub fn run(args: Args) -> Result<()> {
         };
         messages.push(Message::new("user", &text));
         let prompt = tok.encode(&template.render(&messages, true)?)?;
+        let fits = model
+            .config
+            .generation_estimate(prompt.len(), "the conversation")
+            .check(&format!("this turn's prefill ({} tokens)", prompt.len()));
+        if let Err(e) = fits {
+            // The conversation stays as it was: /reset, or a shorter message, goes on.
+            eprintln!("error: {e}; /reset starts over");
+            messages.pop();
+            continue;
+        }
         if prompt.len() + cfg.max_new_tokens > limit {
             eprintln!(
                 "warning: the conversation ({} tokens) plus up to {} new tokens exceeds the \

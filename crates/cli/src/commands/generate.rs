@@ -244,6 +244,15 @@ pub fn run(args: Args) -> Result<()> {
         gen_config.as_ref(),
         tok.as_ref(),
     )?;
+    // The prefill's KV cache and activations grow with the prompt: refuse what it cannot hold
+    // before allocating.
+    model
+        .config
+        .generation_estimate(prompt.len(), "the prompt")
+        .check(&format!(
+            "generate's prefill ({} prompt tokens)",
+            prompt.len()
+        ))?;
     let total = prompt.len().saturating_add(cfg.max_new_tokens);
     let limit = model.config.max_position_embeddings;
     if total > limit {
