@@ -188,11 +188,6 @@ impl ChatTemplate {
         Ok(())
     }
 
-    /// The extra variables every rendering gets (see [`Self::with_kwargs`]).
-    pub fn kwargs(&self) -> &TemplateKwargs {
-        &self.kwargs
-    }
-
     /// The `eos_token` of its `tokenizer_config.json`, if it names one.
     pub fn eos_token(&self) -> Option<&str> {
         self.eos_token.as_deref()
