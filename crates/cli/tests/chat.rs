@@ -13,11 +13,17 @@ use std::process::Stdio;
 
 use serde_json::{Value, json};
 
-/// `chat` with `input` on stdin: (stdout, stderr).
-fn chat(model: &std::path::Path, input: &str, extra: &[&str]) -> (String, String) {
+/// `chat` with `input` on stdin and `envs` set: (stdout, stderr), after checking it succeeded.
+fn chat_in(
+    model: &std::path::Path,
+    input: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> (String, String) {
     let mut child = qwen_burn_command()
         .args(["chat", "--model", s(model), "--ignore-eos"])
         .args(extra)
+        .envs(envs.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -33,6 +39,11 @@ fn chat(model: &std::path::Path, input: &str, extra: &[&str]) -> (String, String
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
     (String::from_utf8(out.stdout).unwrap(), err)
+}
+
+/// [`chat_in`] without environment.
+fn chat(model: &std::path::Path, input: &str, extra: &[&str]) -> (String, String) {
+    chat_in(model, input, extra, &[])
 }
 
 /// `generate --chat-json` of `messages`: (reply text, prompt ids then new ids).
@@ -148,38 +159,15 @@ fn a_prompt_too_large_to_prefill_is_refused_before_allocating() {
     let hf = tiny_hf_with_tokenizer(tmp.path());
     let long = "the cat sat on the mat. ".repeat(20000);
     let limit = [("QWEN_BURN_MEMORY_LIMIT", "150MiB")];
-    let mut child = qwen_burn_command()
-        .args([
-            "chat",
-            "--model",
-            s(&hf),
-            "--ignore-eos",
-            "--max-new-tokens",
-            "4",
-        ])
-        .envs(limit)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     let input = format!("{long}\nWho wrote Emma?\n");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
+    let (out, err) = chat_in(&hf, &input, &["--max-new-tokens", "4"], &limit);
     assert!(
         err.contains("error: this turn's prefill (") && err.contains("KV cache (the conversation"),
         "{err}"
     );
     let user = json!([{"role": "user", "content": "Who wrote Emma?"}]);
     let (reply, _, _) = reference(&hf, tmp.path(), &user, &["--max-new-tokens", "4"]);
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), format!("{reply}\n"));
+    assert_eq!(out, format!("{reply}\n"));
     let conv = tmp.path().join("long.json");
     std::fs::write(
         &conv,

@@ -270,6 +270,22 @@ fn full_finetune_from_a_checkpoint() {
 /// SFT data is rendered with the chat template of the `tokenizer_config.json` beside the run's
 /// tokenizer (here a ChatML variant that marks every turn with `>>`), seen in the exact batches
 /// `train` would consume; the targets are the assistant replies and their end token only.
+/// `batches` of the first step of `cfg`, written to `out`.
+fn first_batches(cfg: &std::path::Path, out: &std::path::Path) -> std::process::Output {
+    qwen_burn(
+        &[
+            "batches",
+            "--config",
+            s(cfg),
+            "--steps",
+            "1",
+            "--out",
+            s(out),
+        ],
+        &[],
+    )
+}
+
 /// `dir/tok` with the shipped `tokenizer.json` and `config` as its `tokenizer_config.json`.
 fn tokenizer_dir(dir: &std::path::Path, config: &str) -> std::path::PathBuf {
     let tok_dir = dir.join("tok");
@@ -323,18 +339,7 @@ max_steps = 1
     )
     .unwrap();
     let out = tmp.path().join("batches.jsonl");
-    ok(&qwen_burn(
-        &[
-            "batches",
-            "--config",
-            s(&cfg),
-            "--steps",
-            "1",
-            "--out",
-            s(&out),
-        ],
-        &[],
-    ));
+    ok(&first_batches(&cfg, &out));
     let record: serde_json::Value = serde_json::from_str(
         std::fs::read_to_string(&out)
             .unwrap()
@@ -413,18 +418,7 @@ fn chat_template_kwargs_reach_the_template() {
         .unwrap();
         let out = tmp.path().join("batches.jsonl");
         let _ = std::fs::remove_file(&out);
-        let run = qwen_burn(
-            &[
-                "batches",
-                "--config",
-                s(&cfg),
-                "--steps",
-                "1",
-                "--out",
-                s(&out),
-            ],
-            &[],
-        );
+        let run = first_batches(&cfg, &out);
         if !run.status.success() {
             return Err(stderr(&run));
         }
