@@ -24,7 +24,6 @@ pub struct Args {
     /// Qwen3's non-thinking mode. A variable the template never reads is refused.
     #[arg(long, value_parser = super::template_kwargs)]
     pub chat_template_kwargs: Option<TemplateKwargs>,
-    /// The sampling flags; turn N (from 0) samples with seed `--seed + N`.
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// tokenizer.json (default: next to the model).

@@ -99,6 +99,7 @@ pub struct SamplingArgs {
     /// (default: generation_config.json).
     #[arg(long)]
     pub top_p: Option<f32>,
+    /// Seed of the sampling (`chat`: turn N, counted from 0, samples with seed + N).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Do not stop at the end-of-sequence token.
