@@ -143,7 +143,13 @@ impl SftDataset {
             if !line.trim().is_empty() {
                 let example = parse_example(path, i + 1, line)?;
                 if let Some(kwargs) = example.template_kwargs() {
-                    ingest::check_line_kwargs(path, i + 1, kwargs, template, true)?;
+                    template
+                        .check_kwargs(kwargs, "chat_template_kwargs")
+                        .map_err(|e| DataError::Jsonl {
+                            path: path.to_path_buf(),
+                            line: i + 1,
+                            message: e.to_string(),
+                        })?;
                 }
                 conversations.push(example);
             }

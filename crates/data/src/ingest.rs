@@ -297,65 +297,39 @@ pub(crate) fn jsonl_object(
     }
 }
 
-/// A line's own template variables, `"chat_template_kwargs": {...}` (TRL reads them per
-/// example); empty when the line has none. An error names the line unless it is an object.
-pub(crate) fn line_template_kwargs(
-    path: &Path,
-    line_no: usize,
+/// A row's own template variables, `"chat_template_kwargs": {...}` (TRL's per-example column);
+/// empty when it has none. `renders` says whether the row holds message lists for the template:
+/// a text row (`what`: `line`, `prompt`) may not carry any. With `template`, each must be one it
+/// reads ([`crate::ChatTemplate::check_kwargs`]). The error is the message, for the caller to
+/// place (a line, a Parquet row).
+pub(crate) fn row_template_kwargs(
     obj: &serde_json::Map<String, serde_json::Value>,
-) -> Result<crate::TemplateKwargs> {
-    match obj.get("chat_template_kwargs") {
-        None => Ok(crate::TemplateKwargs::new()),
-        Some(serde_json::Value::Object(kwargs)) => Ok(kwargs.clone()),
-        Some(other) => Err(DataError::Jsonl {
-            path: path.to_path_buf(),
-            line: line_no,
-            message: format!(
+    renders: bool,
+    what: &str,
+    template: Option<&crate::ChatTemplate>,
+) -> std::result::Result<crate::TemplateKwargs, String> {
+    let kwargs = match obj.get("chat_template_kwargs") {
+        None => return Ok(crate::TemplateKwargs::new()),
+        Some(serde_json::Value::Object(kwargs)) => kwargs.clone(),
+        Some(other) => {
+            return Err(format!(
                 "\"chat_template_kwargs\" is {}, expected an object of template variables",
                 json_type(other)
-            ),
-        }),
-    }
-}
-
-/// [`line_template_kwargs`], checked against `template` ([`crate::ChatTemplate::check_kwargs`]);
-/// a line that renders no template (`renders` false: text prompts and completions) may not have
-/// any. Errors name the line.
-pub(crate) fn checked_line_kwargs(
-    path: &Path,
-    line_no: usize,
-    obj: &serde_json::Map<String, serde_json::Value>,
-    template: &crate::ChatTemplate,
-    renders: bool,
-) -> Result<crate::TemplateKwargs> {
-    let kwargs = line_template_kwargs(path, line_no, obj)?;
-    check_line_kwargs(path, line_no, &kwargs, template, renders)?;
-    Ok(kwargs)
-}
-
-/// The check of [`checked_line_kwargs`] on variables already read.
-pub(crate) fn check_line_kwargs(
-    path: &Path,
-    line_no: usize,
-    kwargs: &crate::TemplateKwargs,
-    template: &crate::ChatTemplate,
-    renders: bool,
-) -> Result<()> {
-    let err = |message: String| DataError::Jsonl {
-        path: path.to_path_buf(),
-        line: line_no,
-        message,
+            ));
+        }
     };
     if !renders && !kwargs.is_empty() {
-        return Err(err(
-            "\"chat_template_kwargs\" on a text line: only message lists are rendered with the \
-             chat template; remove the field"
-                .into(),
+        return Err(format!(
+            "\"chat_template_kwargs\" on a text {what}: only message lists are rendered with \
+             the chat template; remove the field"
         ));
     }
-    template
-        .check_kwargs(kwargs, "chat_template_kwargs")
-        .map_err(|e| err(e.to_string()))
+    if let Some(template) = template {
+        template
+            .check_kwargs(&kwargs, "chat_template_kwargs")
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(kwargs)
 }
 
 fn jsonl_documents(path: &Path, text: &str, field: &str) -> Result<Vec<String>> {

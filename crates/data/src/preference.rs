@@ -243,7 +243,8 @@ pub fn load_preferences(
         };
         let obj = ingest::jsonl_object(path, line_no, line)?;
         let renders = matches!(obj.get("chosen"), Some(Value::Array(_)));
-        let kwargs = ingest::checked_line_kwargs(path, line_no, &obj, template, renders)?;
+        let kwargs =
+            ingest::row_template_kwargs(&obj, renders, "line", Some(template)).map_err(err)?;
         let (p, pc, pr) = row_texts(&obj, template, &kwargs, eos, &err)?;
         let (p, pc, pr) = (tok.encode(&p)?, tok.encode(&pc)?, tok.encode(&pr)?);
         let n = common_prefix(&p, &pc).min(common_prefix(&p, &pr));

@@ -108,26 +108,8 @@ fn row_texts(
     template: &ChatTemplate,
 ) -> std::result::Result<(String, String), String> {
     // The row's own template variables (TRL's per-example `chat_template_kwargs`).
-    let kwargs = match obj.get("chat_template_kwargs") {
-        None => Map::new(),
-        Some(Value::Object(k)) => k.clone(),
-        Some(other) => {
-            return Err(format!(
-                "\"chat_template_kwargs\" is {}, expected an object of template variables",
-                ingest::json_type(other)
-            ));
-        }
-    };
-    if !kwargs.is_empty() && !matches!(obj.get("prompt"), Some(Value::Array(_))) {
-        return Err(
-            "\"chat_template_kwargs\" on a text prompt: only message lists are rendered \
-                    with the chat template; remove the field"
-                .into(),
-        );
-    }
-    template
-        .check_kwargs(&kwargs, "chat_template_kwargs")
-        .map_err(|e| e.to_string())?;
+    let renders = matches!(obj.get("prompt"), Some(Value::Array(_)));
+    let kwargs = ingest::row_template_kwargs(obj, renders, "prompt", Some(template))?;
     let (field, prompt) = match (obj.get("prompt"), obj.get("question")) {
         (Some(p), _) => ("prompt", p),
         (None, Some(q)) => ("question", q),

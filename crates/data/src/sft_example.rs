@@ -108,7 +108,6 @@ pub fn parse_example(path: &Path, line_no: usize, line: &str) -> Result<SftExamp
         message,
     };
     let obj = ingest::jsonl_object(path, line_no, line)?;
-    let template_kwargs = ingest::line_template_kwargs(path, line_no, &obj)?;
     let has = |k: &str| obj.contains_key(k);
     let layouts = [
         has("messages") || has("conversations"),
@@ -122,20 +121,16 @@ pub fn parse_example(path: &Path, line_no: usize, line: &str) -> Result<SftExamp
                 .into(),
         ));
     }
+    // Only message lists are rendered with the template; the loader checks the variables
+    // against it.
+    let text_line = layouts[2] || matches!(obj.get("prompt"), Some(Value::String(_)));
+    let template_kwargs =
+        ingest::row_template_kwargs(&obj, !text_line, "line", None).map_err(err)?;
     if layouts[0] {
         return Ok(SftExample::Conversation {
             messages: parse_messages(path, line_no, line)?,
             template_kwargs,
         });
-    }
-    // Only message lists are rendered with the template.
-    let text_line = layouts[2] || matches!(obj.get("prompt"), Some(Value::String(_)));
-    if text_line && !template_kwargs.is_empty() {
-        return Err(err(
-            "\"chat_template_kwargs\" on a text line: only message lists are rendered with the \
-             chat template; remove the field"
-                .into(),
-        ));
     }
     if layouts[2] {
         return match &obj["text"] {

@@ -9,6 +9,7 @@
 //! `<|im_start|>assistant` header (the first occurrence after the previous reply), its span and
 //! the turn's end token are marked, and tokens overlapping a marked span train.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
@@ -37,6 +38,8 @@ pub struct ChatTemplate {
     bos_token: Option<String>,
     eos_token: Option<String>,
     kwargs: TemplateKwargs,
+    /// The variables the template reads (minijinja's undeclared variables), found once at load.
+    reads: HashSet<String>,
 }
 
 fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
@@ -61,6 +64,7 @@ impl ChatTemplate {
             bos_token: None,
             eos_token: None,
             kwargs: TemplateKwargs::new(),
+            reads: HashSet::new(),
         }
     }
 
@@ -121,12 +125,17 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned("chat", source)
             .map_err(|e| bad(format!("chat_template does not compile: {e:#}")))?;
+        let reads = env
+            .get_template("chat")
+            .expect("added above")
+            .undeclared_variables(false);
         Ok(Some(Self {
             env: Some(env),
             source: path.to_path_buf(),
             bos_token: token_field(&config, "bos_token"),
             eos_token: token_field(&config, "eos_token"),
             kwargs: TemplateKwargs::new(),
+            reads,
         }))
     }
 
@@ -156,11 +165,7 @@ impl ChatTemplate {
             }
             return Ok(());
         };
-        if kwargs.is_empty() {
-            return Ok(());
-        }
-        let template = env.get_template("chat").expect("added at load");
-        let read = template.undeclared_variables(false);
+        let read = &self.reads;
         for key in kwargs.keys() {
             if RESERVED.contains(&key.as_str()) {
                 return Err(bad(format!(
@@ -221,14 +226,22 @@ impl ChatTemplate {
             return Ok(s);
         };
         let template = env.get_template("chat").expect("added at load");
-        let mut merged = self.kwargs.clone();
-        merged.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let merged;
+        let variables = match extra.is_empty() {
+            true => &self.kwargs,
+            false => {
+                let mut all = self.kwargs.clone();
+                all.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+                merged = all;
+                &merged
+            }
+        };
         let ctx = minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
-            ..Value::from(minijinja::value::Serde(&merged))
+            ..Value::from(minijinja::value::Serde(variables))
         };
         template.render(ctx).map_err(|e| DataError::ChatTemplate {
             path: self.source.clone(),

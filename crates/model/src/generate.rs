@@ -80,6 +80,16 @@ pub struct Generation {
     pub stopped: bool,
 }
 
+impl Generation {
+    /// Tokens a second after the first (which the prefill produced); 0 with fewer than two.
+    pub fn decode_tokens_per_sec(&self) -> f64 {
+        match self.new_token_ids.len() {
+            n if n > 1 => (n - 1) as f64 / self.decode_secs,
+            _ => 0.0,
+        }
+    }
+}
+
 /// Pick the next token from one row of logits.
 pub fn sample_next(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -> u32 {
     if cfg.temperature <= 0.0 {
@@ -224,6 +234,7 @@ fn generate_here(
     device: &Device,
     on_token: impl FnMut(u32),
 ) -> Result<Generation> {
+    check_prompt(model, prompt, cfg)?;
     run(model, &mut model.new_cache(), prompt, cfg, device, on_token)
 }
 
@@ -250,7 +261,8 @@ pub(crate) fn check_prompt(
 
 /// The generation loop on `cache`, which may already hold the keys and values of a head of
 /// `prompt` (`cache.seq_len` tokens, fewer than the prompt's): the prefill computes the rest.
-/// On return the cache holds the prompt and every new token but the last.
+/// On return the cache holds the prompt and every new token but the last. The callers check
+/// the prompt first ([`check_prompt`]).
 pub(crate) fn run(
     model: &Qwen3ForCausalLM,
     cache: &mut KvCache,
@@ -259,7 +271,6 @@ pub(crate) fn run(
     device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
-    check_prompt(model, prompt, cfg)?;
     let cached = cache.seq_len;
     debug_assert!(cached < prompt.len() && cfg.use_cache || cached == 0);
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);

@@ -146,11 +146,6 @@ pub fn run(args: Args) -> Result<()> {
             &reply_text(&tok, &g.new_token_ids, g.stopped)?,
         ));
         let n = g.new_token_ids.len();
-        let decode_tps = if n > 1 {
-            (n - 1) as f64 / g.decode_secs
-        } else {
-            0.0
-        };
         eprintln!(
             "[{n} tokens{}; prompt {} tokens, {} from the cache; prefill {:.3}s, decode {:.1} tokens/s]",
             if g.stopped {
@@ -161,7 +156,7 @@ pub fn run(args: Args) -> Result<()> {
             prompt.len(),
             done.reused,
             g.prefill_secs,
-            decode_tps
+            g.decode_tokens_per_sec()
         );
         turn += 1;
     }

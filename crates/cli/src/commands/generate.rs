@@ -276,11 +276,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     })?;
     let n = out.new_token_ids.len();
-    let decode_tps = if n > 1 {
-        (n - 1) as f64 / out.decode_secs
-    } else {
-        0.0
-    };
+    let decode_tps = out.decode_tokens_per_sec();
     if args.json {
         let mut v = json!({
             "prompt_ids": prompt,
