@@ -29,7 +29,7 @@ use rayon::prelude::*;
 
 use super::cross_entropy::row_loss;
 use super::mm::Threads;
-use super::products::{mm_in, mm_matrix};
+use super::products::{Precision, mm_in, mm_matrix, mm_packed, packed_matrix};
 use super::{Elements, dense, flex_training, int_values};
 
 /// Backends with the fused head + cross-entropy: Flex, and Autodiff over Flex.
@@ -165,6 +165,19 @@ fn run(
     vocab_major: bool,
     want: (bool, bool),
 ) -> (FlexTensor, Option<FlexTensor>, Option<FlexTensor>) {
+    run_chunks(h, w, y, vocab_major, want, true)
+}
+
+/// [`run`], with the table packed once for all chunks where `pack_once` allows it (the tests
+/// compare both).
+fn run_chunks(
+    h: &FlexTensor,
+    w: &FlexTensor,
+    y: &FlexTensor,
+    vocab_major: bool,
+    want: (bool, bool),
+    pack_once: bool,
+) -> (FlexTensor, Option<FlexTensor>, Option<FlexTensor>) {
     let (h, w) = (dense(h), dense(w));
     let hs = h.storage::<f32>();
     // A frozen table may be bf16 (LoRA's base weights): widened a block at a time.
@@ -187,6 +200,18 @@ fn run(
     let mut dw = vec![0.0f32; if want.1 { d * v } else { 0 }];
     let bf16_table = matches!(wm, crate::products::Matrix::Bf16(_));
     let rows = chunk_rows(v, bf16_table).min(n.max(1));
+    // At mixed precision, a table met by several chunks is packed for the bf16 kernel once, in
+    // each of its two layouts, instead of in every chunk's product: with the Qwen3 vocabulary a
+    // chunk of 256 rows would otherwise repack 150M elements twice. The packed copies hold a
+    // quarter of the f32 table's bytes each. A bf16 table (a frozen LoRA base, whose point is
+    // memory) is repacked per chunk, in chunks of 512 rows.
+    let once = pack_once && precision == Precision::Bf16 && !bf16_table && n > rows;
+    let fwd_packed = once
+        .then(|| packed_matrix(precision, wm, w_dims, vocab_major))
+        .flatten();
+    let bwd_packed = (once && want.0)
+        .then(|| packed_matrix(precision, wm, w_dims, !vocab_major))
+        .flatten();
     let mut logits = vec![0.0f32; rows * v];
     let mut row_nll = vec![0.0f32; rows];
     let mut loss = 0.0f64;
@@ -195,17 +220,20 @@ fn run(
         let hc = &hs[start * d..(start + m) * d];
         let lc = &mut logits[..m * v];
         // Logits `H_c @ W` ([d, v] operand: the table transposed when vocab-major).
-        mm_matrix(
-            precision,
-            m,
-            (hc, d, 1),
-            wm,
-            w_dims,
-            vocab_major,
-            (lc, v),
-            false,
-            Threads::All,
-        );
+        match &fwd_packed {
+            Some(p) => mm_packed(m, (hc, d, 1), p, (lc, v), false, Threads::All),
+            None => mm_matrix(
+                precision,
+                m,
+                (hc, d, 1),
+                wm,
+                w_dims,
+                vocab_major,
+                (lc, v),
+                false,
+                Threads::All,
+            ),
+        }
         let ys = &targets[start..start + m];
         let nll = &mut row_nll[..m];
         lc.par_chunks_mut(v)
@@ -217,17 +245,20 @@ fn run(
         if want.0 {
             let dhc = &mut dh[start * d..(start + m) * d];
             // dH_c = C @ W^T ([v, d] operand: the table itself when vocab-major).
-            mm_matrix(
-                precision,
-                m,
-                (lc, v, 1),
-                wm,
-                w_dims,
-                !vocab_major,
-                (dhc, d),
-                false,
-                Threads::All,
-            );
+            match &bwd_packed {
+                Some(p) => mm_packed(m, (lc, v, 1), p, (dhc, d), false, Threads::All),
+                None => mm_matrix(
+                    precision,
+                    m,
+                    (lc, v, 1),
+                    wm,
+                    w_dims,
+                    !vocab_major,
+                    (dhc, d),
+                    false,
+                    Threads::All,
+                ),
+            }
         }
         if want.1 {
             let first = start == 0;
@@ -328,6 +359,62 @@ mod tests {
                     "{n}x{d}x{v} {name}: gradients differ by {diff} (scale {scale})"
                 );
             }
+        }
+    }
+
+    /// At bf16 precision the table packed once for all chunks gives the bits of packing it in
+    /// every chunk's product: loss and both gradients, both layouts, three chunks.
+    #[test]
+    fn a_table_packed_once_gives_the_bits_of_packing_every_chunk() {
+        use crate::{Precision, bf16_path, with_precision};
+        let (n, d, v) = (600, 40, 16_384);
+        assert!(n > chunk_rows(v, false), "several chunks");
+        let values = |len: usize, seed: u64| -> Vec<f32> {
+            (0..len as u64)
+                .map(|i| (((i * 2_654_435_761 + seed) % 2001) as f32 - 1000.0) * 1e-3)
+                .collect()
+        };
+        let h = FlexTensor::from_data(TensorData::new(values(n * d, 1), [n, d]));
+        let targets: Vec<i64> = (0..n as i64)
+            .map(|i| {
+                if i % 7 == 2 {
+                    -100
+                } else {
+                    (i * 7919) % v as i64
+                }
+            })
+            .collect();
+        let y = FlexTensor::from_data(TensorData::new(targets, [n]));
+        for vocab_major in [false, true] {
+            let shape = if vocab_major { [v, d] } else { [d, v] };
+            let w = FlexTensor::from_data(TensorData::new(values(d * v, 5), shape));
+            let bits = |t: &FlexTensor| -> Vec<u32> {
+                t.storage::<f32>().iter().map(|x| x.to_bits()).collect()
+            };
+            let [once, every] = [true, false].map(|pack_once| {
+                let (loss, dh, dw) = with_precision(Precision::Bf16, || {
+                    run_chunks(&h, &w, &y, vocab_major, (true, true), pack_once)
+                });
+                let (dh, dw) = (dh.expect("dh"), dw.expect("dw"));
+                [bits(&loss), bits(&dh), bits(&dw)]
+            });
+            assert!(f32::from_bits(once[0][0]).is_finite());
+            for (name, a, b) in [("loss", &once[0], &every[0]), ("dh", &once[1], &every[1])] {
+                assert!(a == b, "vocab-major {vocab_major}: {name} differs");
+            }
+            assert!(once[2] == every[2], "vocab-major {vocab_major}: dw differs");
+            let packed = crate::products::packed_matrix(
+                Precision::Bf16,
+                crate::products::Matrix::F32(&values(d * v, 5)),
+                shape,
+                vocab_major,
+            );
+            println!(
+                "bf16 path {:?}: table packed once: {}",
+                bf16_path(),
+                packed.is_some()
+            );
+            assert_eq!(packed.is_some(), bf16_path().has_kernel());
         }
     }
 

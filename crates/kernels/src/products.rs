@@ -190,6 +190,50 @@ pub(crate) fn mm_matrix_new(
     c
 }
 
+/// `op(w)` (as in [`mm_matrix`]) packed once for the bf16 kernel, for several products at
+/// `precision` that multiply it (the fused head's row chunks); `None` where those products
+/// would not run on the kernel (f32 products, or a CPU without it).
+pub(crate) fn packed_matrix(
+    precision: Precision,
+    w: Matrix<'_>,
+    [rows, cols]: [usize; 2],
+    transposed: bool,
+) -> Option<bf16::PackedB> {
+    let on_kernel = matches!(w, Matrix::Bf16(_)) || precision == Precision::Bf16;
+    if !on_kernel || !bf16::bf16_path().has_kernel() {
+        return None;
+    }
+    let (k, n, rs, cs) = if transposed {
+        (cols, rows, 1, cols)
+    } else {
+        (rows, cols, cols, 1)
+    };
+    let b = match w {
+        Matrix::F32(w) => bf16::Operand::F32(w, rs, cs),
+        Matrix::Bf16(w) => bf16::Operand::Bf16(w, rs, cs),
+    };
+    Some(bf16::PackedB::pack(b, k, n))
+}
+
+/// `c (+)= a @ b` on the bf16 kernel for `a: [m, k]` and a `b` packed before
+/// ([`packed_matrix`]): the bits of [`mm_matrix`] on the `w` it was packed from.
+pub(crate) fn mm_packed(
+    m: usize,
+    a: (&[f32], usize, usize),
+    b: &bf16::PackedB,
+    c: (&mut [f32], usize),
+    accumulate: bool,
+    threads: Threads,
+) {
+    let (k, n) = b.shape();
+    let a16 = bf16::Operand::F32(a.0, a.1, a.2);
+    let ran = bf16::mm_bf16_kernel(m, n, k, a16, bf16::Rhs::Packed(b), c, accumulate, threads);
+    debug_assert!(
+        ran,
+        "a packed operand exists only where the CPU has the kernel"
+    );
+}
+
 /// `op(w)` (strides `(rs, cs)`) as the bf16 kernel's right operand: the packing an inference
 /// guard keeps for it ([`bf16::packed`]), else `w` itself, packed by the product.
 fn kernel_rhs<'a>(

@@ -33,13 +33,18 @@ pub(crate) struct PackedB {
 }
 
 impl PackedB {
+    /// The `[k, n]` of the operand it holds.
+    pub(crate) fn shape(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
     /// Words from one reduction block to the next.
     pub(super) fn block_words(&self) -> usize {
         self.n.div_ceil(NR) * NR * KC2
     }
 
     /// `b: [k, n]` packed.
-    fn pack(b: Operand<'_>, k: usize, n: usize) -> Self {
+    pub(crate) fn pack(b: Operand<'_>, k: usize, n: usize) -> Self {
         let (rs, cs) = b.strides();
         let kc = 2 * KC2;
         let block = n.div_ceil(NR) * NR * KC2;

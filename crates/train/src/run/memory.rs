@@ -11,7 +11,7 @@ use qwen_burn_model::memory::{Estimate, human, memory_limit};
 use qwen_burn_model::{BackendKind, Qwen3Config};
 
 use crate::config::{
-    ActivationCheckpointing, BaseDtype, DataKind, LoraConfig, LoraTarget, RunConfig,
+    ActivationCheckpointing, BaseDtype, DataKind, LoraConfig, LoraTarget, Precision, RunConfig,
 };
 use crate::error::{Result, TrainError};
 
@@ -103,6 +103,23 @@ pub fn training_estimate(config: &RunConfig, model: &Qwen3Config, kind: BackendK
                  vocab_size: the fused LM head and loss)"
             ),
         );
+        // At mixed precision on the bf16 kernel, an f32 table met by several row chunks is
+        // packed once in each of its two layouts (`linear_cross_entropy`).
+        let f32_table = config
+            .lora
+            .as_ref()
+            .is_none_or(|l| l.base_dtype != BaseDtype::Bf16);
+        if t.precision == Precision::Bf16
+            && f32_table
+            && tokens > HEAD_CHUNK_ROWS
+            && qwen_burn_kernels::bf16_path().has_kernel()
+        {
+            estimate.push(
+                2 * n(model.vocab_size) * h * 2,
+                "the LM head packed for the bf16 kernel (vocab_size x hidden_size in bf16, \
+                 twice: training.precision = \"bf16\")",
+            );
+        }
     } else {
         estimate.push(
             2 * tokens * n(model.vocab_size) * F32,
@@ -380,6 +397,31 @@ mod tests {
             let pairs = part("[data]\nkind = \"preference\"\n", term);
             assert_eq!(pairs.bytes, 2 * text.bytes, "{}", pairs.what);
         }
+    }
+
+    /// At mixed precision on the bf16 kernel, a head met by several row chunks is counted in its
+    /// two packed layouts; not at f32, nor for a bf16 LoRA base (packed per chunk).
+    #[test]
+    fn mixed_precision_counts_the_packed_head() {
+        let rows = "[training]\nbatch_size = 8\nseq_len = 128\n";
+        let packed = |extra: &str| {
+            let config = config_with(&format!("{rows}{extra}"));
+            let model = crate::run::start::model_config_of(&config).unwrap();
+            let part = training_estimate(&config, &model, BackendKind::Flex)
+                .parts
+                .into_iter()
+                .find(|p| p.what.starts_with("the LM head packed"));
+            (
+                part.map(|p| p.bytes),
+                4 * (model.vocab_size * model.hidden_size) as u128,
+            )
+        };
+        let kernel = qwen_burn_kernels::bf16_path().has_kernel();
+        let (bytes, expected) = packed("precision = \"bf16\"\n");
+        assert_eq!(bytes, kernel.then_some(expected));
+        assert_eq!(packed("").0, None);
+        let lora = "precision = \"bf16\"\n[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q_proj\"]\nbase_dtype = \"bf16\"\n";
+        assert_eq!(packed(lora).0, None);
     }
 
     /// Each option offered for a run over the limit does fit when applied, and the ones the
