@@ -307,6 +307,19 @@ mod tests {
     use crate::cross_entropy::cross_entropy_sum_reference;
     use burn::tensor::{Device, Distribution};
 
+    /// `n` targets below `v`, with row `i` ignored (-100) where `i % every == at`.
+    fn targets_ignoring(n: usize, v: usize, (every, at): (i64, i64)) -> Vec<i64> {
+        (0..n as i64)
+            .map(|i| {
+                if i % every == at {
+                    -100
+                } else {
+                    (i * 7919) % v as i64
+                }
+            })
+            .collect()
+    }
+
     /// Value and both gradients against the composed head + `log_softmax` loss, both weight
     /// layouts, ignored rows, a row count that is not a multiple of the chunk.
     #[test]
@@ -322,15 +335,7 @@ mod tests {
             let h = Tensor::<2>::random([n, d], normal, &device).require_grad();
             let wshape = if vocab_major { [v, d] } else { [d, v] };
             let w = (Tensor::<2>::random(wshape, normal, &device) * 0.5).require_grad();
-            let targets: Vec<i64> = (0..n as i64)
-                .map(|i| {
-                    if i % 5 == 3 {
-                        -100
-                    } else {
-                        (i * 7919) % v as i64
-                    }
-                })
-                .collect();
+            let targets = targets_ignoring(n, v, (5, 3));
             let y = Tensor::<1, Int>::from_data(TensorData::new(targets.clone(), [n]), &device);
             let fused = linear_cross_entropy(&h, &w, &y, vocab_major).expect("flex kernel");
             let logits = if vocab_major {
@@ -375,15 +380,7 @@ mod tests {
                 .collect()
         };
         let h = FlexTensor::from_data(TensorData::new(values(n * d, 1), [n, d]));
-        let targets: Vec<i64> = (0..n as i64)
-            .map(|i| {
-                if i % 7 == 2 {
-                    -100
-                } else {
-                    (i * 7919) % v as i64
-                }
-            })
-            .collect();
+        let targets = targets_ignoring(n, v, (7, 2));
         let y = FlexTensor::from_data(TensorData::new(targets, [n]));
         for vocab_major in [false, true] {
             let shape = if vocab_major { [v, d] } else { [d, v] };
