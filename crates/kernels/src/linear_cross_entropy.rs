@@ -27,6 +27,7 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
+use super::bf16::PackedB;
 use super::cross_entropy::row_loss;
 use super::mm::Threads;
 use super::products::{Precision, mm_in, mm_matrix, mm_packed, packed_matrix};
@@ -212,6 +213,26 @@ fn run_chunks(
     let bwd_packed = (once && want.0)
         .then(|| packed_matrix(precision, wm, w_dims, !vocab_major))
         .flatten();
+    // `c = a @ op(W)` for a chunk's `m` rows: from the packing made once, else packed by the
+    // product.
+    let table_product = |packed: Option<&PackedB>,
+                         m: usize,
+                         a: (&[f32], usize, usize),
+                         transposed: bool,
+                         c: (&mut [f32], usize)| match packed {
+        Some(p) => mm_packed(m, a, p, c, false, Threads::All),
+        None => mm_matrix(
+            precision,
+            m,
+            a,
+            wm,
+            w_dims,
+            transposed,
+            c,
+            false,
+            Threads::All,
+        ),
+    };
     let mut logits = vec![0.0f32; rows * v];
     let mut row_nll = vec![0.0f32; rows];
     let mut loss = 0.0f64;
@@ -220,20 +241,7 @@ fn run_chunks(
         let hc = &hs[start * d..(start + m) * d];
         let lc = &mut logits[..m * v];
         // Logits `H_c @ W` ([d, v] operand: the table transposed when vocab-major).
-        match &fwd_packed {
-            Some(p) => mm_packed(m, (hc, d, 1), p, (lc, v), false, Threads::All),
-            None => mm_matrix(
-                precision,
-                m,
-                (hc, d, 1),
-                wm,
-                w_dims,
-                vocab_major,
-                (lc, v),
-                false,
-                Threads::All,
-            ),
-        }
+        table_product(fwd_packed.as_ref(), m, (hc, d, 1), vocab_major, (lc, v));
         let ys = &targets[start..start + m];
         let nll = &mut row_nll[..m];
         lc.par_chunks_mut(v)
@@ -245,20 +253,7 @@ fn run_chunks(
         if want.0 {
             let dhc = &mut dh[start * d..(start + m) * d];
             // dH_c = C @ W^T ([v, d] operand: the table itself when vocab-major).
-            match &bwd_packed {
-                Some(p) => mm_packed(m, (lc, v, 1), p, (dhc, d), false, Threads::All),
-                None => mm_matrix(
-                    precision,
-                    m,
-                    (lc, v, 1),
-                    wm,
-                    w_dims,
-                    !vocab_major,
-                    (dhc, d),
-                    false,
-                    Threads::All,
-                ),
-            }
+            table_product(bwd_packed.as_ref(), m, (lc, v, 1), !vocab_major, (dhc, d));
         }
         if want.1 {
             let first = start == 0;
