@@ -9,6 +9,7 @@
 //! `<|im_start|>assistant` header (the first occurrence after the previous reply), its span and
 //! the turn's end token are marked, and tokens overlapping a marked span train.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -226,22 +227,19 @@ impl ChatTemplate {
             return Ok(s);
         };
         let template = env.get_template("chat").expect("added at load");
-        let merged;
-        let variables = match extra.is_empty() {
-            true => &self.kwargs,
-            false => {
-                let mut all = self.kwargs.clone();
-                all.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
-                merged = all;
-                &merged
-            }
+        let variables = if extra.is_empty() {
+            Cow::Borrowed(&self.kwargs)
+        } else {
+            let mut all = self.kwargs.clone();
+            all.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+            Cow::Owned(all)
         };
         let ctx = minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
-            ..Value::from(minijinja::value::Serde(variables))
+            ..Value::from(minijinja::value::Serde(&*variables))
         };
         template.render(ctx).map_err(|e| DataError::ChatTemplate {
             path: self.source.clone(),

@@ -73,6 +73,16 @@ pub(crate) enum Matrix<'a> {
     Bf16(&'a [half::bf16]),
 }
 
+impl<'a> Matrix<'a> {
+    /// The bf16 kernel's operand reading this matrix at strides `(rs, cs)`.
+    fn operand(self, (rs, cs): (usize, usize)) -> bf16::Operand<'a> {
+        match self {
+            Matrix::F32(w) => bf16::Operand::F32(w, rs, cs),
+            Matrix::Bf16(w) => bf16::Operand::Bf16(w, rs, cs),
+        }
+    }
+}
+
 /// f32 elements per widened block: 8 MB, so that a block `gemm` packs from is still in the
 /// last-level cache after it was written.
 const WIDEN_BLOCK: usize = 1 << 21;
@@ -107,22 +117,15 @@ pub(crate) fn mm_matrix(
     accumulate: bool,
     threads: Threads,
 ) {
-    let [rows, cols] = shape;
-    let (k, n) = if transposed {
-        (cols, rows)
-    } else {
-        (rows, cols)
-    };
-    let (ws_r, ws_c) = if transposed { (1, cols) } else { (cols, 1) };
+    let ((k, n), strides) = op_layout(shape, transposed);
     let a16 = bf16::Operand::F32(a.0, a.1, a.2);
     match (w, precision) {
-        (Matrix::F32(w), Precision::Bf16) => {
-            let w = bf16::Operand::F32(w, ws_r, ws_c);
-            bf16::mm_bf16(m, n, k, a16, w, c, accumulate, threads);
+        (Matrix::F32(_), Precision::Bf16) => {
+            bf16::mm_bf16(m, n, k, a16, w.operand(strides), c, accumulate, threads);
         }
-        (Matrix::Bf16(w), _) if bf16::bf16_path().has_kernel() => {
-            let kept = bf16::packed(w, shape, transposed);
-            let rhs = kernel_rhs(Matrix::Bf16(w), kept.as_deref(), (ws_r, ws_c));
+        (Matrix::Bf16(wb), _) if bf16::bf16_path().has_kernel() => {
+            let kept = bf16::packed(wb, shape, transposed);
+            let rhs = kernel_rhs(w, kept.as_deref(), strides);
             bf16::mm_bf16_kernel(m, n, k, a16, rhs, c, accumulate, threads);
         }
         _ => {
@@ -149,28 +152,18 @@ pub(crate) fn mm_matrix_new(
     transposed: bool,
     threads: Threads,
 ) -> Vec<f32> {
-    let (k, n) = if transposed {
-        (cols, rows)
-    } else {
-        (rows, cols)
-    };
+    let ((k, n), (rs, cs)) = op_layout([rows, cols], transposed);
     if let Matrix::F32(w) = w {
         // f32 weights, at either precision: into a buffer not zero-filled first.
-        let b = if transposed {
-            (w, 1, cols)
-        } else {
-            (w, cols, 1)
-        };
-        return mm_new_in(precision, m, n, k, a, b, threads);
+        return mm_new_in(precision, m, n, k, a, (w, rs, cs), threads);
     }
     if let Matrix::Bf16(wb) = w
         && bf16::bf16_path().has_kernel()
     {
         // The kernel writes every element: no zeroing first.
-        let (ws_r, ws_c) = if transposed { (1, cols) } else { (cols, 1) };
         let a16 = bf16::Operand::F32(a.0, a.1, a.2);
         let kept = bf16::packed(wb, [rows, cols], transposed);
-        let rhs = kernel_rhs(w, kept.as_deref(), (ws_r, ws_c));
+        let rhs = kernel_rhs(w, kept.as_deref(), (rs, cs));
         if let Some(c) = bf16::mm_bf16_kernel_new(m, n, k, a16, rhs, threads) {
             return c;
         }
@@ -196,23 +189,15 @@ pub(crate) fn mm_matrix_new(
 pub(crate) fn packed_matrix(
     precision: Precision,
     w: Matrix<'_>,
-    [rows, cols]: [usize; 2],
+    shape: [usize; 2],
     transposed: bool,
 ) -> Option<bf16::PackedB> {
     let on_kernel = matches!(w, Matrix::Bf16(_)) || precision == Precision::Bf16;
     if !on_kernel || !bf16::bf16_path().has_kernel() {
         return None;
     }
-    let (k, n, rs, cs) = if transposed {
-        (cols, rows, 1, cols)
-    } else {
-        (rows, cols, cols, 1)
-    };
-    let b = match w {
-        Matrix::F32(w) => bf16::Operand::F32(w, rs, cs),
-        Matrix::Bf16(w) => bf16::Operand::Bf16(w, rs, cs),
-    };
-    Some(bf16::PackedB::pack(b, k, n))
+    let ((k, n), strides) = op_layout(shape, transposed);
+    Some(bf16::PackedB::pack(w.operand(strides), k, n))
 }
 
 /// `c (+)= a @ b` on the bf16 kernel for `a: [m, k]` and a `b` packed before
@@ -241,10 +226,19 @@ fn kernel_rhs<'a>(
     kept: Option<&'a bf16::PackedB>,
     (rs, cs): (usize, usize),
 ) -> bf16::Rhs<'a> {
-    match (kept, w) {
-        (Some(p), _) => bf16::Rhs::Packed(p),
-        (None, Matrix::Bf16(w)) => bf16::Rhs::Pack(bf16::Operand::Bf16(w, rs, cs)),
-        (None, Matrix::F32(w)) => bf16::Rhs::Pack(bf16::Operand::F32(w, rs, cs)),
+    match kept {
+        Some(p) => bf16::Rhs::Packed(p),
+        None => bf16::Rhs::Pack(w.operand((rs, cs))),
+    }
+}
+
+/// `op(w)` of a `w` stored `[rows, cols]` (`w^T` when `transposed`): the product's `(k, n)`,
+/// and `op(w)`'s row and column strides in that storage.
+fn op_layout([rows, cols]: [usize; 2], transposed: bool) -> ((usize, usize), (usize, usize)) {
+    if transposed {
+        ((cols, rows), (1, cols))
+    } else {
+        ((rows, cols), (cols, 1))
     }
 }
 
