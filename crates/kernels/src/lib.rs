@@ -72,6 +72,7 @@ mod decode_attention;
 pub mod exp;
 mod linear;
 mod linear_cross_entropy;
+mod lora;
 mod matvec;
 mod mm;
 mod moe_experts;
@@ -92,6 +93,7 @@ pub use bf16::{
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_sum_reference};
 pub use linear::{linear_rows, linear_rows_transposed};
 pub use linear_cross_entropy::linear_cross_entropy;
+pub use lora::lora_delta;
 pub use moe_experts::moe_experts;
 pub use newton_schulz::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
 pub use products::Precision;

@@ -1,0 +1,103 @@
+use super::*;
+use burn::tensor::{Device, Distribution};
+
+/// Value and the three gradients against the composed products (`(x @ a) * s @ b` in Burn's
+/// matmul), at ranks and widths that leave partial groups of the rank (5), of the reduction
+/// vectors (k = 37) and of the column slices (m = 70).
+#[test]
+fn fused_adapter_path_matches_the_composed_products() {
+    let device = Device::flex().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    for (bt, t, k, r, m, scale) in [
+        (1, 3, 37, 5, 70, 2.0),
+        (2, 40, 256, 8, 192, 0.5),
+        (1, 33, 160, 16, 64, 1.25),
+    ] {
+        let x = Tensor::<3>::random([bt, t, k], normal, &device).require_grad();
+        let a = Tensor::<2>::random([k, r], normal, &device).require_grad();
+        let b = Tensor::<2>::random([r, m], normal, &device).require_grad();
+        let dy = Tensor::<3>::random([bt, t, m], normal, &device);
+        let fused = lora_delta(&x, &a, &b, scale).expect("flex autodiff takes the fused path");
+        let low = x.clone().reshape([bt * t, k]).matmul(a.clone()) * scale;
+        let reference = low.matmul(b.clone()).reshape([bt, t, m]);
+        let diff = (fused.clone() - reference.clone())
+            .abs()
+            .max()
+            .into_scalar::<f32>();
+        let size = reference.clone().abs().max().into_scalar::<f32>();
+        assert!(diff <= 1e-5 * size, "{k}x{r}x{m}: values differ by {diff}");
+        let ga = (fused * dy.clone()).sum().backward();
+        let gb = (reference * dy).sum().backward();
+        for (name, found, expected) in [
+            (
+                "x",
+                x.grad(&ga).unwrap().reshape([bt * t, k]),
+                x.grad(&gb).unwrap().reshape([bt * t, k]),
+            ),
+            ("a", a.grad(&ga).unwrap(), a.grad(&gb).unwrap()),
+            ("b", b.grad(&ga).unwrap(), b.grad(&gb).unwrap()),
+        ] {
+            let size = expected.clone().abs().max().into_scalar::<f32>();
+            let diff = (found - expected).abs().max().into_scalar::<f32>();
+            assert!(diff <= 1e-5 * size, "{k}x{r}x{m} d{name}: {diff} of {size}");
+        }
+    }
+}
+
+/// Without the autodiff decorator, and at bf16 precision, the fused path is not taken there
+/// (bf16: the composed products follow the precision), and is on plain Flex.
+#[test]
+fn the_fused_path_runs_at_f32_precision_only() {
+    use crate::with_precision;
+    let device = Device::flex().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<2>::random([4, 8], normal, &device);
+    let a = Tensor::<2>::random([8, 2], normal, &device);
+    let b = Tensor::<2>::random([2, 3], normal, &device);
+    assert!(lora_delta(&x, &a, &b, 1.0).is_some());
+    assert!(with_precision(Precision::Bf16, || lora_delta(&x, &a, &b, 1.0)).is_none());
+    let plain = Device::flex();
+    let x = Tensor::<2>::random([4, 8], normal, &plain);
+    let a = Tensor::<2>::random([8, 2], normal, &plain);
+    let b = Tensor::<2>::random([2, 3], normal, &plain);
+    assert!(lora_delta(&x, &a, &b, 1.0).is_some());
+}
+
+/// Each kernel against a plain loop in f64, and a row of [`skinny::rows_dot`] alone gives the
+/// bits it gives among others (issue 40, L1).
+#[test]
+fn skinny_products_match_plain_sums_and_rows_stand_alone() {
+    let (n, k, r, m) = (45, 133, 6, 150);
+    let val = |i: usize, s: f32| (i as f32 * 0.37 + s).sin() * 2.0;
+    let x: Vec<f32> = (0..n * k).map(|i| val(i, 0.1)).collect();
+    let bt: Vec<f32> = (0..r * k).map(|i| val(i, 0.7)).collect();
+    let d: Vec<f32> = (0..n * m).map(|i| val(i, 1.3)).collect();
+    let c = rows_dot(&x, n, k, &bt, r);
+    for i in 0..n {
+        for j in 0..r {
+            let e: f64 = (0..k)
+                .map(|p| f64::from(x[i * k + p]) * f64::from(bt[j * k + p]))
+                .sum();
+            assert!((f64::from(c[i * r + j]) - e).abs() <= 1e-4 * (k as f64).sqrt());
+        }
+    }
+    for i in [0, 17, n - 1] {
+        let alone = rows_dot(&x[i * k..(i + 1) * k], 1, k, &bt, r);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&alone), bits(&c[i * r..(i + 1) * r]), "row {i}");
+    }
+    let a = &c; // [n, r]
+    let o = rows_outer(a, n, r, &d, m);
+    for j in 0..r {
+        for q in 0..m {
+            let e: f64 = (0..n)
+                .map(|i| f64::from(a[i * r + j]) * f64::from(d[i * m + q]))
+                .sum();
+            let got = f64::from(o[j * m + q]);
+            assert!(
+                (got - e).abs() <= 1e-3 * e.abs().max(1.0),
+                "({j}, {q}): {got} vs {e}"
+            );
+        }
+    }
+}
