@@ -93,7 +93,7 @@ pub use bf16::{
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_sum_reference};
 pub use linear::{linear_rows, linear_rows_transposed};
 pub use linear_cross_entropy::linear_cross_entropy;
-pub use lora::lora_delta;
+pub use lora::lora_projection;
 pub use moe_experts::moe_experts;
 pub use newton_schulz::{NewtonSchulz, fused_newton_schulz_applies, newton_schulz};
 pub use products::Precision;

@@ -5,15 +5,15 @@
 //! gradient of that copy before projecting it onto `A` and `B`, which costs as much as full
 //! fine-tuning. [`project`] computes `x @ W + s * ((x @ A) @ B)` instead, like PEFT: the frozen
 //! `W` gets no gradient (only `x`'s), and the adapters see only rank-`r` intermediates. On Flex
-//! the adapter path runs as one op ([`lora_delta`]) whose rank-`r` products read their wide
-//! operand in place.
+//! the whole projection is one op ([`lora_projection`]): the rank-`r` products read their wide
+//! operand in place, and the adapter's share is added into the frozen product's buffer.
 //! Merging (`Module::materialize`) stays for export and inference.
 
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::module::linear;
 
-use qwen_burn_kernels::{linear_rows, lora_delta, row_matmul};
+use qwen_burn_kernels::{linear_rows, lora_projection, row_matmul};
 
 pub(crate) use qwen_burn_kernels::widened;
 
@@ -55,17 +55,19 @@ fn project_with<const D: usize>(layer: &Linear, x: Tensor<D>, matvec: bool) -> T
         }
         None => matmul(x, layer.weight.val(), bias),
         Some(adapter) => {
-            let (a, b) = (adapter.a.val(), adapter.b.val());
-            let delta = match lora_delta(&x, &a, &b, adapter.scale as f32) {
-                Some(delta) => delta,
-                // The scale goes on the rank-r intermediate, the smallest tensor of the three.
-                None => matmul(
-                    matmul(x.clone(), a, None).mul_scalar(adapter.scale),
-                    b,
-                    None,
-                ),
-            };
-            matmul(x, layer.weight.base(), bias) + delta
+            let (w, a, b) = (layer.weight.base(), adapter.a.val(), adapter.b.val());
+            match lora_projection(&x, &w, &a, &b, adapter.scale as f32) {
+                Some(y) => match bias {
+                    Some(bias) => y + bias.unsqueeze(),
+                    None => y,
+                },
+                None => {
+                    // The scale goes on the rank-r intermediate, the smallest tensor of the
+                    // three.
+                    let low = matmul(x.clone(), a, None).mul_scalar(adapter.scale);
+                    matmul(x, w, bias) + matmul(low, b, None)
+                }
+            }
         }
     }
 }

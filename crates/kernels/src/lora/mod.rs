@@ -1,13 +1,15 @@
-//! LoRA's adapter path `s (x @ a) @ b` as one op, with a hand-written backward.
+//! A LoRA projection `x @ w + s (x @ a) @ b` as one op, with a hand-written backward.
 //!
-//! Composed, the path is two projections and a scale: four of its six products
-//! (`x @ a`, `dy @ b^T`, `b`'s and `a`'s gradients) have the rank `r` on one side and went
-//! through `gemm`, which packed the wide operand each time. Here those four read the wide
-//! operand in place ([`skinny`]), and the two products that expand `r` columns to a wide output
-//! (`low @ b` forward, `dlow @ a^T` backward) stay on `gemm`, which writes each output once.
+//! Composed, the projection is three products, a scale and an add, and its backward adds the
+//! input's two gradients: four of the six adapter products (`x @ a`, `dy @ b^T`, `b`'s and `a`'s
+//! gradients) have the rank `r` on one side and went through `gemm`, which packed the wide
+//! operand each time, and the adds read two `[n, m]` (or `[n, k]`) tensors to write a third.
+//! Here those four products read the wide operand in place ([`skinny`]), and the two that
+//! expand `r` columns to a wide output (`low @ b` forward, `dlow @ a^T` backward) accumulate
+//! onto the frozen weight's product in its buffer (`gemm` reading and writing it once).
 //!
-//! The numbers are f32 throughout (the adapters are f32 parameters); the frozen base weight's
-//! product is not part of this op.
+//! The frozen `w` is f32 or bf16 and multiplies as [`crate::linear_rows`] would (the bf16 kernel
+//! for a bf16 `w`); the adapters are f32 parameters and their products are f32.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -19,9 +21,9 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::mm::{Threads, mm_new};
-use crate::products::Precision;
-use crate::{dense, flex_training, precision};
+use crate::mm::{Threads, mm};
+use crate::products::{Precision, mm_matrix_new};
+use crate::{Elements, dense, flex_training, precision};
 
 mod skinny;
 #[cfg(test)]
@@ -29,42 +31,58 @@ mod tests;
 
 use skinny::{rows_dot, rows_outer};
 
-/// Backends with the fused adapter path: Flex, and Autodiff over Flex (with its backward).
+/// Backends with the fused LoRA projection: Flex, and Autodiff over Flex (with its backward).
 #[backend_extension(Flex, Autodiff)]
-pub trait FusedLoraDelta: Backend {
-    /// `scale (x @ a) @ b` for `x: [n, k]`, `a: [k, r]`, `b: [r, m]` -> `[n, m]`.
-    fn lora_delta(
+pub trait FusedLoraProjection: Backend {
+    /// `x @ w + scale (x @ a) @ b` for `x: [n, k]`, a frozen `w: [k, m]`, `a: [k, r]`,
+    /// `b: [r, m]` -> `[n, m]`.
+    fn lora_projection(
         x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self>;
 }
 
-impl FusedLoraDelta for Flex {
-    fn lora_delta(
+impl FusedLoraProjection for Flex {
+    fn lora_projection(
         x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        forward(&x, &a, &b, scale).1
+        forward(&x, &w, &a, &b, scale, precision()).1
     }
 }
 
-impl<C: CheckpointStrategy> FusedLoraDelta for Autodiff<Flex, C> {
-    fn lora_delta(
+/// What the backward keeps: `x`, `w`, `a`, `b`, the scaled rank-`r` intermediate
+/// `s (x @ a)`, the scale and the forward's precision.
+#[derive(Clone, Debug)]
+struct Saved {
+    x: FlexTensor,
+    w: FlexTensor,
+    a: FlexTensor,
+    b: FlexTensor,
+    low: FlexTensor,
+    scale: f32,
+    precision: Precision,
+}
+
+impl<C: CheckpointStrategy> FusedLoraProjection for Autodiff<Flex, C> {
+    fn lora_projection(
         x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
-        struct LoraDeltaBackward;
+        struct LoraProjectionBackward;
 
-        impl Backward<Flex, 3> for LoraDeltaBackward {
-            /// `x`, `a`, `b`, the scaled rank-`r` intermediate `s (x @ a)` and the scale.
-            type State = (FlexTensor, FlexTensor, FlexTensor, FlexTensor, f32);
+        impl Backward<Flex, 3> for LoraProjectionBackward {
+            type State = Saved;
 
             fn backward(
                 self,
@@ -74,17 +92,18 @@ impl<C: CheckpointStrategy> FusedLoraDelta for Autodiff<Flex, C> {
             ) {
                 let [node_x, node_a, node_b] = ops.parents;
                 let dy = dense(&grads.consume::<Flex>(&ops.node));
-                let (x, a, b, low, scale) = ops.state;
-                let g = gradients(&dy, &x, &a, &b, &low, scale);
-                for (node, grad) in [(node_x, g.x), (node_a, g.a), (node_b, g.b)] {
-                    if let Some(node) = node {
+                let want = [node_x.is_some(), node_a.is_some(), node_b.is_some()];
+                let [dx, da, db] = gradients(&dy, &ops.state, want);
+                for (node, grad) in [(node_x, dx), (node_a, da), (node_b, db)] {
+                    if let (Some(node), Some(grad)) = (node, grad) {
                         grads.register::<Flex>(node.id, grad);
                     }
                 }
             }
         }
 
-        match LoraDeltaBackward
+        let wp = w.primitive().clone();
+        match LoraProjectionBackward
             .prepare::<C>([x.node(), a.node(), b.node()])
             .compute_bound()
             .stateful()
@@ -95,31 +114,69 @@ impl<C: CheckpointStrategy> FusedLoraDelta for Autodiff<Flex, C> {
                     dense(a.primitive()),
                     dense(b.primitive()),
                 );
-                let (low, y) = forward(&xp, &ap, &bp, scale);
-                prep.finish((xp, ap, bp, low, scale), y)
+                let precision = precision();
+                let (low, y) = forward(&xp, &wp, &ap, &bp, scale, precision);
+                let saved = Saved {
+                    x: xp,
+                    w: wp,
+                    a: ap,
+                    b: bp,
+                    low,
+                    scale,
+                    precision,
+                };
+                prep.finish(saved, y)
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(forward(x.primitive(), a.primitive(), b.primitive(), scale).1)
-            }
+            OpsKind::UnTracked(prep) => prep.finish(
+                forward(
+                    x.primitive(),
+                    &wp,
+                    a.primitive(),
+                    b.primitive(),
+                    scale,
+                    precision(),
+                )
+                .1,
+            ),
         }
     }
 }
 
-/// `(s (x @ a), s (x @ a) @ b)`.
-fn forward(x: &FlexTensor, a: &FlexTensor, b: &FlexTensor, scale: f32) -> (FlexTensor, FlexTensor) {
+/// `(s (x @ a), x @ w + s (x @ a) @ b)`.
+fn forward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    a: &FlexTensor,
+    b: &FlexTensor,
+    scale: f32,
+    precision: Precision,
+) -> (FlexTensor, FlexTensor) {
     let (x, a, b) = (dense(x), dense(a), dense(b));
     let (n, k) = dims(&x);
     let (r, m) = dims(&b);
+    let xs = x.storage::<f32>();
+    let we = Elements::of(w);
+    let mut y = mm_matrix_new(
+        precision,
+        n,
+        (xs, k, 1),
+        we.matrix(),
+        [k, m],
+        false,
+        Threads::All,
+    );
     // `x @ a` as rows of `x` against the rows of `a^T` (`[r, k]`, a copy of `r k` floats).
     let at = transposed(a.storage::<f32>(), k, r);
-    let mut low = rows_dot(x.storage::<f32>(), n, k, &at, r);
+    let mut low = rows_dot(xs, n, k, &at, r);
     low.iter_mut().for_each(|v| *v *= scale);
-    let y = mm_new(
+    mm(
         n,
         m,
         r,
         (&low, r, 1),
         (b.storage::<f32>(), m, 1),
+        (&mut y, m),
+        true,
         Threads::All,
     );
     (
@@ -128,44 +185,58 @@ fn forward(x: &FlexTensor, a: &FlexTensor, b: &FlexTensor, scale: f32) -> (FlexT
     )
 }
 
-/// The gradients of `x`, `a` and `b`.
-struct Grads {
-    x: FlexTensor,
-    a: FlexTensor,
-    b: FlexTensor,
-}
-
-/// With `low = s (x @ a)`: `dlow = dy @ b^T`, `db = low^T dy`, `da = s x^T dlow`,
-/// `dx = s dlow @ a^T`.
-fn gradients(
-    dy: &FlexTensor,
-    x: &FlexTensor,
-    a: &FlexTensor,
-    b: &FlexTensor,
-    low: &FlexTensor,
-    scale: f32,
-) -> Grads {
+/// The gradients of `x`, `a` and `b` where `want`ed. With `low = s (x @ a)`:
+/// `dlow = dy @ b^T`, `db = low^T dy`, `da = s x^T dlow`, `dx = dy @ w^T + s dlow @ a^T`.
+fn gradients(dy: &FlexTensor, saved: &Saved, want: [bool; 3]) -> [Option<FlexTensor>; 3] {
+    let Saved {
+        x,
+        w,
+        a,
+        b,
+        low,
+        scale,
+        precision,
+    } = saved;
     let (n, k) = dims(x);
     let (r, m) = dims(b);
     let dys = dy.storage::<f32>();
-    let db = rows_outer(low.storage::<f32>(), n, r, dys, m);
+    let db = want[2].then(|| {
+        let db = rows_outer(low.storage::<f32>(), n, r, dys, m);
+        FlexTensor::from_data(TensorData::new(db, [r, m]))
+    });
+    if !want[0] && !want[1] {
+        return [None, None, db];
+    }
     let mut dlow = rows_dot(dys, n, m, b.storage::<f32>(), r);
     dlow.iter_mut().for_each(|v| *v *= scale);
-    let dat = rows_outer(&dlow, n, r, x.storage::<f32>(), k);
-    let da = transposed(&dat, r, k);
-    let dx = mm_new(
-        n,
-        k,
-        r,
-        (&dlow, r, 1),
-        (a.storage::<f32>(), 1, r),
-        Threads::All,
-    );
-    Grads {
-        x: FlexTensor::from_data(TensorData::new(dx, [n, k])),
-        a: FlexTensor::from_data(TensorData::new(da, [k, r])),
-        b: FlexTensor::from_data(TensorData::new(db, [r, m])),
-    }
+    let da = want[1].then(|| {
+        let dat = rows_outer(&dlow, n, r, x.storage::<f32>(), k);
+        FlexTensor::from_data(TensorData::new(transposed(&dat, r, k), [k, r]))
+    });
+    let dx = want[0].then(|| {
+        let we = Elements::of(w);
+        let mut dx = mm_matrix_new(
+            *precision,
+            n,
+            (dys, m, 1),
+            we.matrix(),
+            [k, m],
+            true,
+            Threads::All,
+        );
+        mm(
+            n,
+            k,
+            r,
+            (&dlow, r, 1),
+            (a.storage::<f32>(), 1, r),
+            (&mut dx, k),
+            true,
+            Threads::All,
+        );
+        FlexTensor::from_data(TensorData::new(dx, [n, k]))
+    });
+    [dx, da, db]
 }
 
 /// The two dimensions of a 2-D tensor.
@@ -185,14 +256,15 @@ fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-/// `scale (x @ a) @ b` over the last axis of `x` through the fused adapter path on Flex
-/// (autodiff or not) at f32 precision; `None` elsewhere, for the composed products. All three
-/// are f32.
+/// `x @ w + scale (x @ a) @ b` over the last axis of `x` through the fused LoRA projection on
+/// Flex (autodiff or not) at f32 precision; `None` elsewhere, for the composed products. `x`,
+/// `a` and `b` are f32; `w` is frozen (not tracked), f32 or bf16.
 ///
 /// # Shapes
-/// - `x`: `[..., k]`, `a`: `[k, r]`, `b`: `[r, m]` -> `[..., m]`
-pub fn lora_delta<const D: usize>(
+/// - `x`: `[..., k]`, `w`: `[k, m]`, `a`: `[k, r]`, `b`: `[r, m]` -> `[..., m]`
+pub fn lora_projection<const D: usize>(
     x: &Tensor<D>,
+    w: &Tensor<2>,
     a: &Tensor<2>,
     b: &Tensor<2>,
     scale: f32,
@@ -202,14 +274,18 @@ pub fn lora_delta<const D: usize>(
     if !flex_training(&x.device())
         || precision() != Precision::F32
         || [x.dtype(), a.dtype(), b.dtype()] != [DType::F32; 3]
+        || !matches!(w.dtype(), DType::F32 | DType::BF16)
+        || w.is_tracked()
+        || w.dims() != [k, m]
         || dims[D - 1] != k
         || r != r2
     {
         return None;
     }
     let n: usize = dims[..D - 1].iter().product();
-    let y = Tensor::<2>::from_dispatch(<Dispatch as FusedLoraDelta>::lora_delta(
+    let y = Tensor::<2>::from_dispatch(<Dispatch as FusedLoraProjection>::lora_projection(
         x.clone().reshape([n, k]).into_dispatch(),
+        w.clone().into_dispatch(),
         a.clone().into_dispatch(),
         b.clone().into_dispatch(),
         scale,

@@ -1,14 +1,15 @@
-//! Time of LoRA's adapter path `s (x @ a) @ b`, forward and backward (the gradients of `x`,
-//! `a` and `b`), fused (`kernels::lora_delta`) against the composed projections it replaces
-//! (`linear_rows` twice and a scale), alternating, at the shapes of a model: rows, rank, then
-//! `d_in x d_out` pairs.
+//! Time of a LoRA projection `x @ w + s (x @ a) @ b` with a frozen bf16 `w`, forward and
+//! backward (the gradients of `x`, `a` and `b`), fused (`kernels::lora_projection`) against the
+//! composed products it replaces (`linear_rows` three times, a scale and an add), alternating,
+//! at the shapes of a model: rows, rank, then `d_in x d_out` pairs. The loss `sum(y * dy)` and
+//! its backward are part of both sides.
 //!
-//!     cargo run --release --example lora_adapter_path -- 512 8 2048x2048 2048x1024 2048x6144 6144x2048
+//!     cargo run --release --example lora_projection -- 512 8 2048x2048 2048x1024 2048x6144 6144x2048
 
 use std::time::Instant;
 
-use burn::tensor::{Device, Distribution, Tensor};
-use qwen_burn_kernels::{in_pool, linear_rows, lora_delta};
+use burn::tensor::{DType, Device, Distribution, Tensor};
+use qwen_burn_kernels::{in_pool, linear_rows, lora_projection};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -26,17 +27,19 @@ fn main() {
         let (mut fused_total, mut composed_total) = (0.0, 0.0);
         for &(k, m) in &shapes {
             let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
+            let w = Tensor::<2>::random([k, m], normal, &device).cast(DType::BF16);
             let a = Tensor::<2>::random([k, r], normal, &device).require_grad();
             let b = Tensor::<2>::random([r, m], normal, &device).require_grad();
             let dy = Tensor::<2>::random([n, m], normal, &device);
             let fused = || {
-                let y = lora_delta(&x, &a, &b, 2.0).expect("flex autodiff");
+                let y = lora_projection(&x, &w, &a, &b, 2.0).expect("flex autodiff");
                 let g = (y * dy.clone()).sum().backward();
                 let _ = (x.grad(&g), a.grad(&g), b.grad(&g));
             };
             let composed = || {
                 let low = linear_rows(&x, &a).expect("flex autodiff").mul_scalar(2.0);
-                let y = linear_rows(&low, &b).expect("flex autodiff");
+                let base = linear_rows(&x, &w).expect("flex autodiff");
+                let y = base + linear_rows(&low, &b).expect("flex autodiff");
                 let g = (y * dy.clone()).sum().backward();
                 let _ = (x.grad(&g), a.grad(&g), b.grad(&g));
             };
@@ -54,14 +57,14 @@ fn main() {
             fused_total += f;
             composed_total += c;
             println!(
-                "{n} x {k} -> rank {r} -> {m}: fused {:.2} ms, composed {:.2} ms, composed/fused {:.2}",
+                "{n} x {k} -> {m}, rank {r}: fused {:.2} ms, composed {:.2} ms, composed/fused {:.3}",
                 f * 1e3,
                 c * 1e3,
                 c / f
             );
         }
         println!(
-            "all shapes: fused {:.2} ms, composed {:.2} ms, composed/fused {:.2}",
+            "all shapes: fused {:.2} ms, composed {:.2} ms, composed/fused {:.3}",
             fused_total * 1e3,
             composed_total * 1e3,
             composed_total / fused_total
