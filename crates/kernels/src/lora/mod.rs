@@ -1,15 +1,15 @@
 //! A LoRA projection `x @ w + s (x @ a) @ b` as one op, with a hand-written backward.
 //!
-//! Composed, the projection is three products, a scale and an add, and its backward adds the
-//! input's two gradients: four of the six adapter products (`x @ a`, `dy @ b^T`, `b`'s and `a`'s
-//! gradients) have the rank `r` on one side and went through `gemm`, which packed the wide
-//! operand each time, and the adds read two `[n, m]` (or `[n, k]`) tensors to write a third.
-//! Here those four products read the wide operand in place ([`skinny`]), and the two that
-//! expand `r` columns to a wide output (`low @ b` forward, `dlow @ a^T` backward) accumulate
-//! onto the frozen weight's product in its buffer (`gemm` reading and writing it once).
+//! Composed, the projection is three products, a scale and an add, each a node of the autodiff
+//! graph with its own output buffer, and the backward adds the input's two gradients: the adds
+//! read two `[n, m]` (or `[n, k]`) tensors to write a third, and the scale makes one more
+//! `[n, r]` pass each way. Here the adapter's share `s (x @ a) @ b` is accumulated onto the
+//! frozen weight's product in its buffer (`gemm` reading and writing it once), and the input's
+//! gradient `s dlow @ a^T` onto `dy @ w^T` the same way; the products themselves are the
+//! composed path's (`gemm` for the adapters', the bf16 kernel for a bf16 `w`).
 //!
-//! The frozen `w` is f32 or bf16 and multiplies as [`crate::linear_rows`] would (the bf16 kernel
-//! for a bf16 `w`); the adapters are f32 parameters and their products are f32.
+//! Hand-written products for the rank-`r` side (each wide row against `r` columns, in place)
+//! were slower than `gemm` on the 1.7B shapes (`benches/README.md`, twentieth session).
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -21,15 +21,12 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::mm::{Threads, mm};
+use crate::mm::{Threads, mm, mm_new};
 use crate::products::{Precision, mm_matrix_new};
 use crate::{Elements, dense, flex_training, precision};
 
-mod skinny;
 #[cfg(test)]
 mod tests;
-
-use skinny::{rows_dot, rows_outer};
 
 /// Backends with the fused LoRA projection: Flex, and Autodiff over Flex (with its backward).
 #[backend_extension(Flex, Autodiff)]
@@ -165,9 +162,14 @@ fn forward(
         false,
         Threads::All,
     );
-    // `x @ a` as rows of `x` against the rows of `a^T` (`[r, k]`, a copy of `r k` floats).
-    let at = transposed(a.storage::<f32>(), k, r);
-    let mut low = rows_dot(xs, n, k, &at, r);
+    let mut low = mm_new(
+        n,
+        r,
+        k,
+        (xs, k, 1),
+        (a.storage::<f32>(), r, 1),
+        Threads::All,
+    );
     low.iter_mut().for_each(|v| *v *= scale);
     mm(
         n,
@@ -201,17 +203,32 @@ fn gradients(dy: &FlexTensor, saved: &Saved, want: [bool; 3]) -> [Option<FlexTen
     let (r, m) = dims(b);
     let dys = dy.storage::<f32>();
     let db = want[2].then(|| {
-        let db = rows_outer(low.storage::<f32>(), n, r, dys, m);
+        let db = mm_new(
+            r,
+            m,
+            n,
+            (low.storage::<f32>(), 1, r),
+            (dys, m, 1),
+            Threads::All,
+        );
         FlexTensor::from_data(TensorData::new(db, [r, m]))
     });
     if !want[0] && !want[1] {
         return [None, None, db];
     }
-    let mut dlow = rows_dot(dys, n, m, b.storage::<f32>(), r);
+    let bs = b.storage::<f32>();
+    let mut dlow = mm_new(n, r, m, (dys, m, 1), (bs, 1, m), Threads::All);
     dlow.iter_mut().for_each(|v| *v *= scale);
     let da = want[1].then(|| {
-        let dat = rows_outer(&dlow, n, r, x.storage::<f32>(), k);
-        FlexTensor::from_data(TensorData::new(transposed(&dat, r, k), [k, r]))
+        let da = mm_new(
+            k,
+            r,
+            n,
+            (x.storage::<f32>(), 1, k),
+            (&dlow, r, 1),
+            Threads::All,
+        );
+        FlexTensor::from_data(TensorData::new(da, [k, r]))
     });
     let dx = want[0].then(|| {
         let we = Elements::of(w);
@@ -243,17 +260,6 @@ fn gradients(dy: &FlexTensor, saved: &Saved, want: [bool; 3]) -> [Option<FlexTen
 fn dims(t: &FlexTensor) -> (usize, usize) {
     let s = t.layout().shape();
     (s[0], s[1])
-}
-
-/// `x: [rows, cols]` row-major, transposed into a new `[cols, rows]`.
-fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; rows * cols];
-    for i in 0..rows {
-        for j in 0..cols {
-            t[j * rows + i] = x[i * cols + j];
-        }
-    }
-    t
 }
 
 /// `x @ w + scale (x @ a) @ b` over the last axis of `x` through the fused LoRA projection on
