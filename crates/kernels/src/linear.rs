@@ -160,7 +160,7 @@ impl TransposedLinear for Flex {
 }
 
 /// `[n, k] @ [k, m]`; `w` f32 or bf16 ([`mm_matrix_new`]).
-fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
+pub(crate) fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
     let (n, k, m) = (
         x.layout().shape()[0],
         w.layout().shape()[0],
@@ -173,7 +173,7 @@ fn product(x: &FlexTensor, w: &FlexTensor) -> FlexTensor {
 }
 
 /// `dx = dy @ w^T`: `[n, m] @ [m, k]`, `w^T` read through strides (f32 or bf16, [`mm_matrix_new`]).
-fn input_gradient(dy: &FlexTensor, w: &FlexTensor, precision: Precision) -> FlexTensor {
+pub(crate) fn input_gradient(dy: &FlexTensor, w: &FlexTensor, precision: Precision) -> FlexTensor {
     let (n, m) = (dy.layout().shape()[0], dy.layout().shape()[1]);
     let k = w.layout().shape()[0];
     let (dy, w) = (Elements::of(dy), Elements::of(w));
@@ -183,7 +183,7 @@ fn input_gradient(dy: &FlexTensor, w: &FlexTensor, precision: Precision) -> Flex
 }
 
 /// `dw = x^T @ dy`: `[k, n] @ [n, m]`, `x^T` read through strides.
-fn weight_gradient(x: &FlexTensor, dy: &FlexTensor, precision: Precision) -> FlexTensor {
+pub(crate) fn weight_gradient(x: &FlexTensor, dy: &FlexTensor, precision: Precision) -> FlexTensor {
     let (n, k) = (x.layout().shape()[0], x.layout().shape()[1]);
     let m = dy.layout().shape()[1];
     let (x, dy) = (Elements::of(x), Elements::of(dy));

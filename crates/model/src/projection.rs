@@ -4,9 +4,9 @@
 //! then builds a `[d_in, d_out]` copy of the weight, and the backward computes the full weight
 //! gradient of that copy before projecting it onto `A` and `B`, which costs as much as full
 //! fine-tuning. [`project`] computes `x @ W + s * ((x @ A) @ B)` instead, like PEFT: the frozen
-//! `W` gets no gradient (only `x`'s), and the adapters see only rank-`r` intermediates. On Flex
-//! the whole projection is one op ([`lora_projection`]): the rank-`r` products read their wide
-//! operand in place, and the adapter's share is added into the frozen product's buffer.
+//! `W` gets no gradient (only `x`'s), and the adapters see only rank-`r` intermediates. On Flex,
+//! over a bf16 base, the whole projection is one op ([`lora_projection`]): the adapter's share
+//! is added into the frozen product's buffer, and its input gradient into the frozen one's.
 //! Merging (`Module::materialize`) stays for export and inference.
 
 use burn::nn::Linear;
@@ -44,11 +44,7 @@ fn project_with<const D: usize>(layer: &Linear, x: Tensor<D>, matvec: bool) -> T
     match layer.weight.adapter() {
         None if rows == 1 && matvec => {
             let k = dims[D - 1];
-            let y = row_matmul(x.reshape([1, k]), layer.weight.val());
-            let y = match bias {
-                Some(b) => y + b.unsqueeze::<2>(),
-                None => y,
-            };
+            let y = plus_bias(row_matmul(x.reshape([1, k]), layer.weight.val()), bias);
             let mut out = dims;
             out[D - 1] = y.dims()[1];
             y.reshape(out)
@@ -57,10 +53,7 @@ fn project_with<const D: usize>(layer: &Linear, x: Tensor<D>, matvec: bool) -> T
         Some(adapter) => {
             let (w, a, b) = (layer.weight.base(), adapter.a.val(), adapter.b.val());
             match lora_projection(&x, &w, &a, &b, adapter.scale as f32) {
-                Some(y) => match bias {
-                    Some(bias) => y + bias.unsqueeze(),
-                    None => y,
-                },
+                Some(y) => plus_bias(y, bias),
                 None => {
                     // The scale goes on the rank-r intermediate, the smallest tensor of the
                     // three.
@@ -76,10 +69,15 @@ fn project_with<const D: usize>(layer: &Linear, x: Tensor<D>, matvec: bool) -> T
 /// `w` as it is stored), Burn's `linear` on `w` in f32 elsewhere.
 fn matmul<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
     match linear_rows(&x, &w) {
-        Some(y) => match bias {
-            Some(b) => y + b.unsqueeze(),
-            None => y,
-        },
+        Some(y) => plus_bias(y, bias),
         None => linear(x, widened(w), bias),
+    }
+}
+
+/// `y + b` over the last axis, when there is a bias.
+fn plus_bias<const D: usize>(y: Tensor<D>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    match bias {
+        Some(b) => y + b.unsqueeze(),
+        None => y,
     }
 }

@@ -5,8 +5,9 @@
 //! read two `[n, m]` (or `[n, k]`) tensors to write a third, and the scale makes one more
 //! `[n, r]` pass each way. Here the adapter's share `s (x @ a) @ b` is accumulated onto the
 //! frozen weight's product in its buffer (`gemm` reading and writing it once), and the input's
-//! gradient `s dlow @ a^T` onto `dy @ w^T` the same way; the products themselves are the
-//! composed path's (`gemm` for the adapters', the bf16 kernel for a bf16 `w`).
+//! gradient `s dlow @ a^T` onto `dy @ w^T` the same way; every other product is the composed
+//! path's own ([`crate::linear`]'s `product`, `input_gradient`, `weight_gradient`: `gemm` for
+//! the adapters', the bf16 kernel for the bf16 `w`), so the numbers are its numbers.
 //!
 //! Hand-written products for the rank-`r` side (each wide row against `r` columns, in place)
 //! were slower than `gemm` on the 1.7B shapes (`benches/README.md`, twentieth session).
@@ -19,10 +20,11 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 
-use crate::mm::{Threads, mm, mm_new};
-use crate::products::{Precision, mm_matrix_new};
+use crate::linear::{input_gradient, product, weight_gradient};
+use crate::mm::{Threads, mm};
+use crate::products::Precision;
 use crate::{Elements, dense, flex_training, precision};
 
 #[cfg(test)]
@@ -50,7 +52,7 @@ impl FusedLoraProjection for Flex {
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        forward(&x, &w, &a, &b, scale, precision()).1
+        forward(&x, &w, &a, &b, scale).1
     }
 }
 
@@ -111,8 +113,7 @@ impl<C: CheckpointStrategy> FusedLoraProjection for Autodiff<Flex, C> {
                     dense(a.primitive()),
                     dense(b.primitive()),
                 );
-                let precision = precision();
-                let (low, y) = forward(&xp, &wp, &ap, &bp, scale, precision);
+                let (low, y) = forward(&xp, &wp, &ap, &bp, scale);
                 let saved = Saved {
                     x: xp,
                     w: wp,
@@ -120,75 +121,48 @@ impl<C: CheckpointStrategy> FusedLoraProjection for Autodiff<Flex, C> {
                     b: bp,
                     low,
                     scale,
-                    precision,
+                    precision: precision(),
                 };
                 prep.finish(saved, y)
             }
-            OpsKind::UnTracked(prep) => prep.finish(
-                forward(
-                    x.primitive(),
-                    &wp,
-                    a.primitive(),
-                    b.primitive(),
-                    scale,
-                    precision(),
-                )
-                .1,
-            ),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(forward(x.primitive(), &wp, a.primitive(), b.primitive(), scale).1)
+            }
         }
     }
 }
 
-/// `(s (x @ a), x @ w + s (x @ a) @ b)`.
+/// `(s (x @ a), x @ w + s (x @ a) @ b)` at the current precision.
 fn forward(
     x: &FlexTensor,
     w: &FlexTensor,
     a: &FlexTensor,
     b: &FlexTensor,
     scale: f32,
-    precision: Precision,
 ) -> (FlexTensor, FlexTensor) {
-    let (x, a, b) = (dense(x), dense(a), dense(b));
-    let (n, k) = dims(&x);
-    let (r, m) = dims(&b);
-    let xs = x.storage::<f32>();
-    let we = Elements::of(w);
-    let mut y = mm_matrix_new(
-        precision,
-        n,
-        (xs, k, 1),
-        we.matrix(),
-        [k, m],
-        false,
-        Threads::All,
-    );
-    let mut low = mm_new(
-        n,
-        r,
-        k,
-        (xs, k, 1),
-        (a.storage::<f32>(), r, 1),
-        Threads::All,
-    );
-    low.iter_mut().for_each(|v| *v *= scale);
+    let (n, (r, m)) = (dims(x).0, dims(b));
+    let mut y = product(x, w);
+    let mut low = product(x, a);
+    low.storage_mut::<f32>()
+        .iter_mut()
+        .for_each(|v| *v *= scale);
+    let b = Elements::of(b);
     mm(
         n,
         m,
         r,
-        (&low, r, 1),
-        (b.storage::<f32>(), m, 1),
-        (&mut y, m),
+        (low.storage::<f32>(), r, 1),
+        (b.f32(), m, 1),
+        (y.storage_mut::<f32>(), m),
         true,
         Threads::All,
     );
-    (
-        FlexTensor::from_data(TensorData::new(low, [n, r])),
-        FlexTensor::from_data(TensorData::new(y, [n, m])),
-    )
+    (low, y)
 }
 
-/// The gradients of `x`, `a` and `b` where `want`ed. With `low = s (x @ a)`:
-/// `dlow = dy @ b^T`, `db = low^T dy`, `da = s x^T dlow`, `dx = dy @ w^T + s dlow @ a^T`.
+/// The gradients of `x`, `a` and `b` where `want`ed, at the forward's precision. With
+/// `low = s (x @ a)`: `dlow = dy @ b^T`, `db = low^T dy`, `da = s x^T dlow`,
+/// `dx = dy @ w^T + s dlow @ a^T`.
 fn gradients(dy: &FlexTensor, saved: &Saved, want: [bool; 3]) -> [Option<FlexTensor>; 3] {
     let Saved {
         x,
@@ -199,59 +173,29 @@ fn gradients(dy: &FlexTensor, saved: &Saved, want: [bool; 3]) -> [Option<FlexTen
         scale,
         precision,
     } = saved;
-    let (n, k) = dims(x);
-    let (r, m) = dims(b);
-    let dys = dy.storage::<f32>();
-    let db = want[2].then(|| {
-        let db = mm_new(
-            r,
-            m,
-            n,
-            (low.storage::<f32>(), 1, r),
-            (dys, m, 1),
-            Threads::All,
-        );
-        FlexTensor::from_data(TensorData::new(db, [r, m]))
-    });
+    let db = want[2].then(|| weight_gradient(low, dy, *precision));
     if !want[0] && !want[1] {
         return [None, None, db];
     }
-    let bs = b.storage::<f32>();
-    let mut dlow = mm_new(n, r, m, (dys, m, 1), (bs, 1, m), Threads::All);
-    dlow.iter_mut().for_each(|v| *v *= scale);
-    let da = want[1].then(|| {
-        let da = mm_new(
-            k,
-            r,
-            n,
-            (x.storage::<f32>(), 1, k),
-            (&dlow, r, 1),
-            Threads::All,
-        );
-        FlexTensor::from_data(TensorData::new(da, [k, r]))
-    });
+    let mut dlow = input_gradient(dy, b, *precision);
+    dlow.storage_mut::<f32>()
+        .iter_mut()
+        .for_each(|v| *v *= scale);
+    let da = want[1].then(|| weight_gradient(x, &dlow, *precision));
     let dx = want[0].then(|| {
-        let we = Elements::of(w);
-        let mut dx = mm_matrix_new(
-            *precision,
-            n,
-            (dys, m, 1),
-            we.matrix(),
-            [k, m],
-            true,
-            Threads::All,
-        );
+        let ((n, k), r) = (dims(x), dims(b).0);
+        let mut dx = input_gradient(dy, w, *precision);
         mm(
             n,
             k,
             r,
-            (&dlow, r, 1),
+            (dlow.storage::<f32>(), r, 1),
             (a.storage::<f32>(), 1, r),
-            (&mut dx, k),
+            (dx.storage_mut::<f32>(), k),
             true,
             Threads::All,
         );
-        FlexTensor::from_data(TensorData::new(dx, [n, k]))
+        dx
     });
     [dx, da, db]
 }
