@@ -183,6 +183,36 @@ pub(crate) fn mm_matrix_new(
     c
 }
 
+/// [`mm_matrix_new`] plus a rank-`r` product `l @ r` (`l: [m, rank]`, `r: [rank, n]`,
+/// row-major, f32): on the AVX512-BF16 kernel for a bf16 `w`, added to each tile as it is
+/// stored ([`bf16::mm_bf16_kernel_new_low`]); elsewhere accumulated by `gemm` afterwards. The
+/// same numbers either way.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mm_matrix_new_low(
+    precision: Precision,
+    m: usize,
+    a: (&[f32], usize, usize),
+    w: Matrix<'_>,
+    shape: [usize; 2],
+    transposed: bool,
+    low: bf16::LowRank<'_>,
+    threads: Threads,
+) -> Vec<f32> {
+    let ((k, n), strides) = op_layout(shape, transposed);
+    if let Matrix::Bf16(wb) = w {
+        let a16 = bf16::Operand::F32(a.0, a.1, a.2);
+        let kept = bf16::packed(wb, shape, transposed);
+        let rhs = kernel_rhs(w, kept.as_deref(), strides);
+        if let Some(c) = bf16::mm_bf16_kernel_new_low(m, n, k, a16, rhs, low, threads) {
+            return c;
+        }
+    }
+    let mut c = mm_matrix_new(precision, m, a, w, shape, transposed, threads);
+    let (l, r, rank) = ((low.l, low.rank, 1), (low.r, n, 1), low.rank);
+    mm(m, n, rank, l, r, (&mut c, n), true, threads);
+    c
+}
+
 /// `op(w)` (as in [`mm_matrix`]) packed once for the bf16 kernel, for several products at
 /// `precision` that multiply it (the fused head's row chunks); `None` where those products
 /// would not run on the kernel (f32 products, or a CPU without it).

@@ -2,14 +2,27 @@
 
 use super::{MR, NR};
 
+/// A rank-`rank` product `l @ r` added to a tile as it is stored ([`tile`]): `l` at the tile's
+/// first row (row stride `rank`), `r` at the tile's first column (row stride `r_rs`).
+#[derive(Clone, Copy)]
+pub(super) struct LowTile {
+    pub(super) l: *const f32,
+    pub(super) r: *const f32,
+    pub(super) r_rs: usize,
+    pub(super) rank: usize,
+}
+
 /// One `MR x NR` register tile over `pairs` reduction pairs: `c = acc` when `first`, else
 /// `c += acc`, for the `height x width` corner that lies in the destination; `next` (a panel
-/// of `b` a later tile reads) is fetched into L2 meanwhile.
+/// of `b` a later tile reads) is fetched into L2 meanwhile. With `low`, `l @ r` (a chain of
+/// f32 multiply-adds over the rank from zero, `gemm`'s order) is added to each element after
+/// that sum, as `gemm` accumulating `l @ r` onto the stored tile would.
 ///
 /// # Safety
 /// AVX512-BF16 present; `a`, `b` and `next` hold `pairs * MR`, `pairs * NR` and `pairs * NR`
 /// words; `c` valid for reads and writes of `height` rows of `width` elements at row stride
-/// `c_rs`.
+/// `c_rs`; `low`'s `l` valid for reads of `height` rows of `rank` and its `r` of `rank` rows of
+/// `width` at row stride `r_rs`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
@@ -23,6 +36,7 @@ pub(super) unsafe fn tile(
     height: usize,
     width: usize,
     first: bool,
+    low: Option<LowTile>,
 ) {
     use std::arch::x86_64::*;
     assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
@@ -69,11 +83,20 @@ pub(super) unsafe fn tile(
             // SAFETY: the `cols` elements at this row and offset lie inside the tile's corner.
             unsafe {
                 let at = c.add(r * c_rs + h * 16);
-                let out = if first {
+                let mut out = if first {
                     *v
                 } else {
                     _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), *v)
                 };
+                if let Some(low) = low {
+                    let mut sum = _mm512_setzero_ps();
+                    for t in 0..low.rank {
+                        let l = _mm512_set1_ps(*low.l.add(r * low.rank + t));
+                        let rv = _mm512_maskz_loadu_ps(mask, low.r.add(t * low.r_rs + h * 16));
+                        sum = _mm512_fmadd_ps(rv, l, sum);
+                    }
+                    out = _mm512_add_ps(out, sum);
+                }
                 _mm512_mask_storeu_ps(at, mask, out);
             }
         }

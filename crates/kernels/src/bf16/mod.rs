@@ -21,12 +21,16 @@ use crate::mm::{Threads, extent, mm, mm_new};
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod low_rank;
 mod pack;
+#[cfg(target_arch = "x86_64")]
+mod pack_x86;
 mod path;
 mod prepack;
 mod rounded;
 mod walk;
 
+pub(crate) use low_rank::{LowRank, mm_bf16_kernel_new_low};
 use pack::{KC2, pack_all};
 pub(crate) use pack::{Operand, round_bits};
 pub use path::{
@@ -158,7 +162,7 @@ fn mm_bf16_kernel_on(
             // SAFETY: the kernel's instructions are present (asserted above); `c` holds the
             // destination (asserted above) and is borrowed mutably for the call.
             let dst = (Dst(c.as_mut_ptr()), c_rs);
-            unsafe { blocked(path, m, n, k, a, b, dst, accumulate, threads) };
+            unsafe { blocked(path, m, n, k, a, b, dst, accumulate, None, threads) };
         }
         return true;
     }
@@ -187,7 +191,7 @@ pub(crate) fn mm_bf16_kernel_new(
             // it (its tiles cover the destination; `k = 0` writes zeros), so that all `m * n`
             // are initialised afterwards.
             unsafe {
-                blocked(path, m, n, k, a, b, dst, false, threads);
+                blocked(path, m, n, k, a, b, dst, false, None, threads);
                 c.set_len(m * n);
             }
         }
@@ -273,8 +277,13 @@ unsafe fn blocked(
     b: Rhs<'_>,
     (dst, c_rs): (Dst, usize),
     accumulate: bool,
+    low: Option<LowRank<'_>>,
     threads: Threads,
 ) {
+    assert!(
+        low.is_none() || path == Path::Avx512Bf16,
+        "a low-rank share on {path:?}"
+    );
     let (a_rs, a_cs) = a.strides();
     let kc = 2 * KC2;
     if k == 0 {
@@ -393,6 +402,7 @@ unsafe fn blocked(
                     let len = kc.min(k_len - kb * kc);
                     let pairs = len.div_ceil(2);
                     let first = k0 == 0 && kb == 0 && !accumulate;
+                    let last = k0 + k_len == k && kb + 1 == blocks;
                     let (pa, pb) = (&packed_a[kb * a_block..], &pb_all[kb * b_block..]);
                     for jp in panels.clone() {
                         let bp = &pb[jp * pairs * NR..(jp + 1) * pairs * NR];
@@ -407,6 +417,12 @@ unsafe fn blocked(
                             let ap = &pa[r * MR * pairs..(r + 1) * MR * pairs];
                             let height = MR.min(m - r * MR);
                             let at = r * MR * c_rs + j0 + jp * NR;
+                            let low = low.filter(|_| last).map(|low| avx512::LowTile {
+                                l: low.l[r * MR * low.rank..].as_ptr(),
+                                r: low.r[j0 + jp * NR..].as_ptr(),
+                                r_rs: n,
+                                rank: low.rank,
+                            });
                             // SAFETY: the CPU has AVX512-BF16 (the caller's promise); the
                             // panels hold `pairs` pairs; the tile `height x width` at `at` lies
                             // inside the destination (the caller's promise) and belongs to
@@ -422,6 +438,7 @@ unsafe fn blocked(
                                     height,
                                     width,
                                     first,
+                                    low,
                                 )
                             };
                         }

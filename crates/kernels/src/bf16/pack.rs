@@ -51,6 +51,39 @@ pub(super) trait Bits: Copy {
     fn words8(_run: &[Self], _words: &mut [u32; 8]) -> bool {
         false
     }
+    /// [`block_of`] on the CPU's vectors, where this type and the CPU have such a path (the
+    /// same words); `false` (and `out` untouched) where not.
+    #[inline(always)]
+    fn block<const L: usize>(
+        _rows: &[&[Self]; L],
+        _pairs: usize,
+        _out: &mut [u32],
+        _width: usize,
+    ) -> bool {
+        false
+    }
+}
+
+/// [`Bits::block`] through [`super::pack_x86::block`] where the CPU has AVX2.
+macro_rules! vector_block {
+    () => {
+        #[inline(always)]
+        fn block<const L: usize>(
+            rows: &[&[Self]; L],
+            pairs: usize,
+            out: &mut [u32],
+            width: usize,
+        ) -> bool {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                unsafe { super::pack_x86::block(rows, pairs, out, width) };
+                return true;
+            }
+            let _ = (rows, pairs, out, width);
+            false
+        }
+    };
 }
 
 impl Bits for f32 {
@@ -71,10 +104,11 @@ impl Bits for f32 {
         let _ = (run, words);
         false
     }
+
+    vector_block!();
 }
 
-/// [`Bits::words8`] of f32 on AVX2: [`round_bits`] on 8 lanes at a time, the halves packed in
-/// order.
+/// [`Bits::words8`] of f32 on AVX2.
 ///
 /// # Safety
 /// AVX2 present.
@@ -82,27 +116,11 @@ impl Bits for f32 {
 #[target_feature(enable = "avx2")]
 unsafe fn rounded_words_avx2(run: &[f32; 16], words: &mut [u32; 8]) {
     use std::arch::x86_64::*;
-    let round = |v: __m256i| {
-        // NaN (magnitude past infinity's bits): the high half made quiet; else to nearest even.
-        let magnitude = _mm256_and_si256(v, _mm256_set1_epi32(0x7fff_ffff));
-        let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f80_0000));
-        let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(v), _mm256_set1_epi32(0x40));
-        let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(v), _mm256_set1_epi32(1));
-        let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd);
-        let nearest = _mm256_srli_epi32::<16>(_mm256_add_epi32(v, bias));
-        _mm256_blendv_epi8(nearest, quiet, nan)
-    };
-    // SAFETY: `run` holds 16 f32 (64 bytes), read unaligned.
-    let (lo, hi) = unsafe {
-        let at = run.as_ptr().cast::<__m256i>();
-        (_mm256_loadu_si256(at), _mm256_loadu_si256(at.add(1)))
-    };
-    // 16-bit halves in the order of each 128-bit lane: lo's 0-3, hi's 0-3 | lo's 4-7, hi's 4-7;
-    // the 64-bit quarters put back in order.
-    let packed = _mm256_packus_epi32(round(lo), round(hi));
-    let ordered = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
-    // SAFETY: `words` holds 8 u32 (32 bytes), written unaligned.
-    unsafe { _mm256_storeu_si256(words.as_mut_ptr().cast::<__m256i>(), ordered) };
+    // SAFETY: `run` holds 16 f32 and `words` 8 u32 (32 bytes, written unaligned).
+    unsafe {
+        let packed = super::pack_x86::rounded(run.as_ptr());
+        _mm256_storeu_si256(words.as_mut_ptr().cast::<__m256i>(), packed);
+    }
 }
 
 impl Bits for bf16 {
@@ -110,6 +128,8 @@ impl Bits for bf16 {
     fn bits(self) -> u32 {
         u32::from(self.to_bits())
     }
+
+    vector_block!();
 }
 
 /// A packed buffer the packing tasks share; each writes its own slots.
@@ -390,6 +410,9 @@ fn block_of<T: Bits, const L: usize>(
     width: usize,
 ) {
     const B: usize = 8;
+    if (L == 4 || L == 8) && T::block(rows, pairs, out, width) {
+        return;
+    }
     for q0 in (0..pairs).step_by(B) {
         let mut block = [[0u32; B]; L];
         for (row, words) in rows.iter().zip(block.iter_mut()) {

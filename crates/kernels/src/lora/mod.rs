@@ -20,11 +20,12 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Tensor, TensorData};
 
+use crate::bf16::LowRank;
 use crate::linear::{input_gradient, product, weight_gradient};
-use crate::mm::{Threads, mm};
-use crate::products::Precision;
+use crate::mm::Threads;
+use crate::products::{Precision, mm_matrix_new_low};
 use crate::{Elements, dense, flex_training, precision};
 
 #[cfg(test)]
@@ -140,24 +141,28 @@ fn forward(
     b: &FlexTensor,
     scale: f32,
 ) -> (FlexTensor, FlexTensor) {
-    let (n, (r, m)) = (dims(x).0, dims(b));
-    let mut y = product(x, w);
+    let ((n, k), (r, m)) = (dims(x), dims(b));
     let mut low = product(x, a);
     low.storage_mut::<f32>()
         .iter_mut()
         .for_each(|v| *v *= scale);
-    let b = Elements::of(b);
-    mm(
+    let (xe, we, be) = (Elements::of(x), Elements::of(w), Elements::of(b));
+    let share = LowRank {
+        l: low.storage::<f32>(),
+        r: be.f32(),
+        rank: r,
+    };
+    let y = mm_matrix_new_low(
+        precision(),
         n,
-        m,
-        r,
-        (low.storage::<f32>(), r, 1),
-        (b.f32(), m, 1),
-        (y.storage_mut::<f32>(), m),
-        true,
+        (xe.f32(), k, 1),
+        we.matrix(),
+        [k, m],
+        false,
+        share,
         Threads::All,
     );
-    (low, y)
+    (low, FlexTensor::from_data(TensorData::new(y, [n, m])))
 }
 
 /// The gradients of `x`, `a` and `b` where `want`ed, at the forward's precision. With
@@ -183,19 +188,28 @@ fn gradients(dy: &FlexTensor, saved: &Saved, want: [bool; 3]) -> [Option<FlexTen
         .for_each(|v| *v *= scale);
     let da = want[1].then(|| weight_gradient(x, &dlow, *precision));
     let dx = want[0].then(|| {
-        let ((n, k), r) = (dims(x), dims(b).0);
-        let mut dx = input_gradient(dy, w, *precision);
-        mm(
+        let ((n, k), (r, m)) = (dims(x), dims(b));
+        // `a^T` row-major, the share's right operand.
+        let a = a.storage::<f32>();
+        let at: Vec<f32> = (0..r * k).map(|i| a[(i % k) * r + i / k]).collect();
+        let share = LowRank {
+            l: dlow.storage::<f32>(),
+            r: &at,
+            rank: r,
+        };
+        let (dy, w) = (Elements::of(dy), Elements::of(w));
+        let a = (dy.f32(), m, 1);
+        let dx = mm_matrix_new_low(
+            *precision,
             n,
-            k,
-            r,
-            (dlow.storage::<f32>(), r, 1),
-            (a.storage::<f32>(), 1, r),
-            (dx.storage_mut::<f32>(), k),
+            a,
+            w.matrix(),
+            [k, m],
             true,
+            share,
             Threads::All,
         );
-        dx
+        FlexTensor::from_data(TensorData::new(dx, [n, k]))
     });
     [dx, da, db]
 }
