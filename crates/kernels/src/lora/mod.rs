@@ -3,11 +3,12 @@
 //! Composed, the projection is three products, a scale and an add, each a node of the autodiff
 //! graph with its own output buffer, and the backward adds the input's two gradients: the adds
 //! read two `[n, m]` (or `[n, k]`) tensors to write a third, and the scale makes one more
-//! `[n, r]` pass each way. Here the adapter's share `s (x @ a) @ b` is accumulated onto the
-//! frozen weight's product in its buffer (`gemm` reading and writing it once), and the input's
-//! gradient `s dlow @ a^T` onto `dy @ w^T` the same way; every other product is the composed
-//! path's own ([`crate::linear`]'s `product`, `input_gradient`, `weight_gradient`: `gemm` for
-//! the adapters', the bf16 kernel for the bf16 `w`), so the numbers are its numbers.
+//! `[n, r]` pass each way. Here the adapter's share `s (x @ a) @ b` is added to the frozen
+//! weight's product as the bf16 kernel stores each tile ([`crate::bf16::LowRank`]; on other
+//! paths `gemm` accumulates it onto the product's buffer), and the input's gradient
+//! `s dlow @ a^T` onto `dy @ w^T` the same way; every other product is the composed path's own
+//! ([`crate::linear`]'s `product`, `input_gradient`, `weight_gradient`: `gemm` for the
+//! adapters', the bf16 kernel for the bf16 `w`), so the numbers are its numbers.
 //!
 //! Hand-written products for the rank-`r` side (each wide row against `r` columns, in place)
 //! were slower than `gemm` on the 1.7B shapes (`benches/README.md`, twentieth session).
