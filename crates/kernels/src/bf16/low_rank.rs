@@ -2,10 +2,11 @@
 //! projection's `x @ w + (s x @ a) @ b` and its input gradient `dy @ w^T + (s dlow) @ a^T`
 //! (`crate::lora`). Added after the product by `gemm`, the rank-`r` share reads and writes the
 //! whole `[m, n]` destination once more: on the Qwen3-1.7B shapes that pass cost more than the
-//! share's arithmetic (`benches/README.md`, twenty-first session).
+//! share's arithmetic (`benches/README.md`, twenty-first session). Also the kernel's products
+//! into a new buffer, with or without the share ([`kernel_new`]).
 
 #[cfg(target_arch = "x86_64")]
-use super::{Dst, blocked};
+use super::{Dst, blocked, has_bf16_path};
 use super::{Operand, Path, Rhs, bf16_path, check};
 use crate::mm::Threads;
 
@@ -40,20 +41,43 @@ pub(crate) fn mm_bf16_kernel_new_low(
         low.l.len() >= m * low.rank && low.r.len() >= low.rank * n,
         "low-rank operands out of bounds"
     );
-    let mut c: Vec<f32> = Vec::with_capacity(m * n);
     #[cfg(target_arch = "x86_64")]
+    return Some(kernel_new(path, m, n, k, a, b, Some(low), threads));
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// `a @ b` (plus `low`'s `l @ r`) into a new row-major `[m, n]` buffer on `path`'s kernel, written
+/// without zeroing it first (operands checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn kernel_new(
+    path: Path,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Rhs<'_>,
+    low: Option<LowRank<'_>>,
+    threads: Threads,
+) -> Vec<f32> {
+    assert!(
+        path.has_kernel() && has_bf16_path(path),
+        "{path:?} is not a kernel on this CPU"
+    );
+    let mut c: Vec<f32> = Vec::with_capacity(m * n);
     if m > 0 && n > 0 {
         let dst = (Dst(c.spare_capacity_mut().as_mut_ptr().cast::<f32>()), n);
-        // SAFETY: the path's instructions are present (it is this CPU's); the spare capacity
-        // holds the `m x n` destination, which the kernel writes in full without reading it
-        // (not accumulating; `k > 0`), so that all `m * n` are initialised afterwards; `low`'s
-        // operands are in bounds (asserted).
+        // SAFETY: the kernel's instructions are present (asserted); the spare capacity holds the
+        // `m x n` destination; without `accumulate` the kernel only writes it, every element of
+        // it (its tiles cover the destination; `k = 0` writes zeros), so that all `m * n` are
+        // initialised afterwards; `low`'s bounds are its caller's to check.
         unsafe {
-            blocked(path, m, n, k, a, b, dst, false, Some(low), threads);
+            blocked(path, m, n, k, a, b, dst, false, low, threads);
             c.set_len(m * n);
         }
     }
-    Some(c)
+    c
 }
 
 #[cfg(test)]

@@ -183,19 +183,7 @@ pub(crate) fn mm_bf16_kernel_new(
     let path = bf16_path();
     #[cfg(target_arch = "x86_64")]
     if path.has_kernel() {
-        let mut c: Vec<f32> = Vec::with_capacity(m * n);
-        if m > 0 && n > 0 {
-            let dst = (Dst(c.spare_capacity_mut().as_mut_ptr().cast::<f32>()), n);
-            // SAFETY: the kernel's instructions are present; the spare capacity holds the `m x
-            // n` destination; without `accumulate` the kernel only writes it, every element of
-            // it (its tiles cover the destination; `k = 0` writes zeros), so that all `m * n`
-            // are initialised afterwards.
-            unsafe {
-                blocked(path, m, n, k, a, b, dst, false, None, threads);
-                c.set_len(m * n);
-            }
-        }
-        return Some(c);
+        return Some(low_rank::kernel_new(path, m, n, k, a, b, None, threads));
     }
     None
 }
