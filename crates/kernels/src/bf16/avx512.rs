@@ -16,7 +16,8 @@ pub(super) struct LowTile {
 /// `c += acc`, for the `height x width` corner that lies in the destination; `next` (a panel
 /// of `b` a later tile reads) is fetched into L2 meanwhile. With `low`, `l @ r` (a chain of
 /// f32 multiply-adds over the rank from zero, `gemm`'s order) is added to each element after
-/// that sum, as `gemm` accumulating `l @ r` onto the stored tile would.
+/// that sum, as `gemm` accumulating `l @ r` onto the stored tile would; only when `LOW` (the
+/// products without a share compile without that code).
 ///
 /// # Safety
 /// AVX512-BF16 present; `a`, `b` and `next` hold `pairs * MR`, `pairs * NR` and `pairs * NR`
@@ -26,7 +27,7 @@ pub(super) struct LowTile {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile(
+pub(super) unsafe fn tile<const LOW: bool>(
     pairs: usize,
     a: &[u32],
     b: &[u32],
@@ -88,7 +89,7 @@ pub(super) unsafe fn tile(
                 } else {
                     _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), *v)
                 };
-                if let Some(low) = low {
+                if let Some(low) = low.filter(|_| LOW) {
                     let mut sum = _mm512_setzero_ps();
                     for t in 0..low.rank {
                         let l = _mm512_set1_ps(*low.l.add(r * low.rank + t));

@@ -411,24 +411,23 @@ unsafe fn blocked(
                                 r_rs: n,
                                 rank: low.rank,
                             });
+                            // The tile with the share's code only where there is a share.
+                            let c = dst.at(at);
                             // SAFETY: the CPU has AVX512-BF16 (the caller's promise); the
                             // panels hold `pairs` pairs; the tile `height x width` at `at` lies
                             // inside the destination (the caller's promise) and belongs to
-                            // this task alone.
+                            // this task alone; a share's operands cover the tile (checked by
+                            // the share's caller).
                             unsafe {
-                                avx512::tile(
-                                    pairs,
-                                    ap,
-                                    bp,
-                                    next,
-                                    dst.at(at),
-                                    c_rs,
-                                    height,
-                                    width,
-                                    first,
-                                    low,
-                                )
-                            };
+                                match low {
+                                    Some(_) => avx512::tile::<true>(
+                                        pairs, ap, bp, next, c, c_rs, height, width, first, low,
+                                    ),
+                                    None => avx512::tile::<false>(
+                                        pairs, ap, bp, next, c, c_rs, height, width, first, None,
+                                    ),
+                                }
+                            }
                         }
                     }
                 }
