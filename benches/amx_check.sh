@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # bf16 on a CPU with AMX (issue 41), on a lent device machine's host CPU (an Intel Xeon with
-# AMX-BF16 and AVX512-BF16, 16 cores; its PyTorch, transformers and PEFT are preinstalled). Four
+# AMX-BF16 and AVX512-BF16, 16 cores; its PyTorch, transformers and PEFT are preinstalled). The
 # jobs run at once (and the tests), each pinned to two cores of their own (one thread a core), each alternating
 # its sides, so that the machine's other load and the neighbouring jobs hit both sides alike:
 #   T: the kernels' bf16 tests (every path this CPU has)
 #   A: one projection (f32, bf16 on AVX512-BF16, bf16 on AMX, bf16 with the weight packed once);
 #      the AMX tile walks against each other (bf16_projection --amx-walks); LoRA 1.7B; `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
-#   B: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py)
+#   B, B2: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py), two
+#      processes on pairs of their own, so that a short lease gets two or more rounds
 #   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
 #   D: mixed-precision training against torch.autocast (compare_bf16.py train)
-#   P: a perf profile of the LoRA 1.7B step, where DIR holds perf.tar.xz
+#   P: the tests (T) first, then a perf profile of the LoRA 1.7B step, where DIR holds perf.tar.xz
+#   G: where the machine has an NVIDIA GPU and DIR holds lib/libvulkan.so.1, the wgpu path on it
+#      (benches/gpu_check.sh with the device wgpu alone; the binary built with the wgpu feature)
 #   E: where DIR holds qwen-burn-base (an older build), this binary against it alternating:
 #      LoRA 1.7B and bench-dense at mixed precision, two rounds
 # Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary)
@@ -78,14 +81,21 @@ job_e() {
   done
 }
 job_b() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 2 --steps 2 --warmup 1 --threads 2; }
-job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 1 --threads 2; }
+job_b2() { python3 benches/compare_pytorch.py --suite real --shapes 1.7b --no-torch-f32 --rounds 1 --steps 2 --warmup 1 --threads 2; }
+job_tp() { job_t; job_p; }
+job_g() {
+  command -v nvidia-smi > /dev/null && [ -f "$D/lib/libvulkan.so.1" ] || { echo "no GPU or no carried Vulkan loader: no wgpu check"; return 0; }
+  mkdir -p /tmp/amx-bin/lib && cp "$D/lib/libvulkan.so.1" /tmp/amx-bin/lib/
+  bash benches/gpu_check.sh /tmp/amx-bin/qwen-burn /nonexistent /tmp/gpu-out wgpu
+}
+job_c() { python3 benches/compare_bf16.py --jobs generate --rounds 2 --threads 2; }
 job_d() { python3 benches/compare_bf16.py --jobs train --rounds 2 --threads 2; }
 T0=$(date +%s)
 i=0
 export D
-for j in a b c d t p e; do
-  ( export -f job_$j fig; timeout "$LIMIT" taskset -c "$(pair $i)" bash -c "job_$j" > "$OUT/job_$j.log" 2>&1; echo "job $j exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/job_$j.log" ) &
+for j in a b b2 c d tp g e; do
+  ( export -f job_$j job_t job_p fig; timeout "$LIMIT" taskset -c "$(pair $i)" bash -c "job_$j" > "$OUT/job_$j.log" 2>&1; echo "job $j exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/job_$j.log" ) &
   i=$((i + 1))
 done
 wait
-for j in t a b c d p e; do echo "===== job $j"; cat "$OUT/job_$j.log"; done
+for j in tp a b b2 c d g e; do echo "===== job $j"; cat "$OUT/job_$j.log"; done

@@ -45,12 +45,6 @@ pub(super) const KC2: usize = 128;
 /// An element the packing reads: its bf16 bits (an f32 rounded, a bf16 as it is).
 pub(super) trait Bits: Copy {
     fn bits(self) -> u32;
-    /// The 8 packed words of 16 consecutive elements written to `words` on the CPU's vectors,
-    /// where this type has such a path; `false` (and `words` untouched) where not.
-    #[inline(always)]
-    fn words8(_run: &[Self], _words: &mut [u32; 8]) -> bool {
-        false
-    }
     /// [`block_of`] on the CPU's vectors, where this type and the CPU have such a path (the
     /// same words); `false` (and `out` untouched) where not.
     #[inline(always)]
@@ -92,35 +86,7 @@ impl Bits for f32 {
         u32::from(round_bits(self))
     }
 
-    #[inline(always)]
-    fn words8(run: &[f32], words: &mut [u32; 8]) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            let run: &[f32; 16] = run.try_into().expect("16 elements");
-            // SAFETY: the CPU has AVX2.
-            unsafe { rounded_words_avx2(run, words) };
-            return true;
-        }
-        let _ = (run, words);
-        false
-    }
-
     vector_block!();
-}
-
-/// [`Bits::words8`] of f32 on AVX2.
-///
-/// # Safety
-/// AVX2 present.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn rounded_words_avx2(run: &[f32; 16], words: &mut [u32; 8]) {
-    use std::arch::x86_64::*;
-    // SAFETY: `run` holds 16 f32 and `words` 8 u32 (32 bytes, written unaligned).
-    unsafe {
-        let packed = super::pack_x86::rounded(run.as_ptr());
-        _mm256_storeu_si256(words.as_mut_ptr().cast::<__m256i>(), packed);
-    }
 }
 
 impl Bits for bf16 {
@@ -399,9 +365,9 @@ fn lanes_of<T: Bits>(
 }
 
 /// `L` lanes' runs (`rows`, each `2 * pairs` elements) packed into `out` (lane `l`'s word of
-/// pair `q` at `q * width + l`), 8 pairs at a time: each lane's 16 elements read together (an
-/// f32 lane rounded on the CPU's vectors, [`Bits::words8`]: the compiler's loop ran 3x slower),
-/// then written pair by pair, `L` words each (a transpose the compiler does in registers).
+/// pair `q` at `q * width + l`), 8 pairs at a time: on AVX2 through [`Bits::block`] (each lane's
+/// 16 elements rounded or read in one vector, the words transposed in registers); elsewhere each
+/// lane's 16 elements become words, then are written pair by pair, `L` words each.
 #[inline(always)]
 fn block_of<T: Bits, const L: usize>(
     rows: &[&[T]; L],
@@ -417,10 +383,8 @@ fn block_of<T: Bits, const L: usize>(
         let mut block = [[0u32; B]; L];
         for (row, words) in rows.iter().zip(block.iter_mut()) {
             let run = &row[2 * q0..2 * q0 + 2 * B];
-            if !T::words8(run, words) {
-                for (w, pair) in words.iter_mut().zip(run.chunks_exact(2)) {
-                    *w = pair[0].bits() | (pair[1].bits() << 16);
-                }
+            for (w, pair) in words.iter_mut().zip(run.chunks_exact(2)) {
+                *w = pair[0].bits() | (pair[1].bits() << 16);
             }
         }
         for q in 0..B {
