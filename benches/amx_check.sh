@@ -16,7 +16,8 @@
 #   E: where DIR holds qwen-burn-base (an older build), this binary against it alternating:
 #      LoRA 1.7B and bench-dense at mixed precision, two rounds
 # Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary)
-# and bf16_projection (the example), stripped, each as NAME or NAME.xz.
+# and bf16_projection (the example), their debug sections stripped (`strip --strip-debug`: job P
+# needs the symbols), each as NAME or NAME.xz.
 # Usage: benches/amx_check.sh DIR OUT [SECONDS_PER_JOB]
 set -uo pipefail
 D=$1; OUT=$2; LIMIT=${3:-420}

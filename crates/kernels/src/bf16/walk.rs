@@ -11,8 +11,8 @@ pub(super) const MAX_GROUP: usize = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Walk {
     /// Reduction blocks whose sums stay in the tiles (the accumulators are loaded and stored
-    /// once per group), 1 to [`MAX_GROUP`]: the default 2 keeps two blocks of `b`'s panel,
-    /// 32 KiB, in the L1 cache across the row tiles.
+    /// once per group), 1 to [`MAX_GROUP`]: the default 3 keeps three blocks of `b`'s panel,
+    /// 48 KiB, in the L1 and L2 caches across the row tiles.
     pub group: usize,
     /// Fetch the next step's tiles of `a` and `b` (2 KiB each) into the L1 cache while a step
     /// runs: `tileloadd` waits on data that is not there yet.
@@ -20,10 +20,13 @@ pub struct Walk {
 }
 
 impl Walk {
-    /// The walk the products take unless [`set_walk`] chose another.
+    /// The walk the products take unless [`set_walk`] chose another: the best median of the
+    /// eight walks on an Emerald Rapids Xeon (1.14x and 1.15x the former default, 2 blocks
+    /// without prefetching, on the bf16-weight and mixed-precision products of the Qwen3-1.7B
+    /// MLP's shapes; `benches/README.md`, twenty-second session).
     pub const DEFAULT: Walk = Walk {
-        group: 2,
-        prefetch: false,
+        group: 3,
+        prefetch: true,
     };
 
     const fn code(self) -> usize {
