@@ -125,12 +125,11 @@ fn bf16_products_equal_the_product_of_the_rounded_operands() {
                                 check(path, (m, n, k), (a_t, b_t, b_bf16), accumulate, threads);
                             }
                             if paths.contains(&Path::Amx) {
-                                // The other walks of the tiles, prefetching on the real tiles.
-                                for group in [1, 3, 4] {
-                                    let walk = super::walk::Walk {
-                                        group,
-                                        prefetch: true,
-                                    };
+                                // Other walks of the tiles: with the default (3 blocks,
+                                // prefetching), every group size and both prefetch choices.
+                                for (group, prefetch) in [(1, true), (2, false), (4, true)] {
+                                    let walk = super::walk::Walk { group, prefetch };
+                                    assert_ne!(walk, super::walk::Walk::DEFAULT);
                                     super::walk::with_walk(walk, || {
                                         let shape = (m, n, k);
                                         let layout = (a_t, b_t, b_bf16);
