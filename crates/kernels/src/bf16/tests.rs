@@ -385,7 +385,6 @@ fn f32_words_on_vectors_equal_the_rounding() {
             f32::from_bits(state as u32)
         }));
     }
-    #[cfg(target_arch = "x86_64")]
     if !std::arch::is_x86_feature_detected!("avx2") {
         println!("no AVX2 on this CPU: the scalar loop packs");
         return;
