@@ -10,7 +10,7 @@ use crate::config::Qwen3Config;
 use crate::documents::DocumentMask;
 use crate::kv_cache::LayerCache;
 use crate::mlp::linear;
-use crate::projection::project;
+use crate::projection::{products_precision, project};
 use crate::rms_norm::RmsNorm;
 use crate::rope::RopeTables;
 use qwen_burn_kernels::{causal_attention, decode_attention};
@@ -95,7 +95,8 @@ impl Attention {
                 if t == 1 && mask.is_none() {
                     let fused = match (&cache.keys, &cache.values) {
                         (Some(kb), Some(vb)) => {
-                            decode_attention(&q, kb, vb, cache.len, scale as f32)
+                            let precision = products_precision(&self.q_proj);
+                            decode_attention(&q, kb, vb, cache.len, scale as f32, precision)
                         }
                         _ => None,
                     };
@@ -113,7 +114,14 @@ impl Attention {
         // Causal attention without padding, or within packed documents, on Flex: the fused
         // kernel (GQA by index, no scores tensor; qwen_burn_kernels::causal_attention).
         if (mask.is_none() || docs.is_some())
-            && let Some(out) = causal_attention(&q, &k, &v, scale as f32, docs.map(|d| d.starts()))
+            && let Some(out) = causal_attention(
+                &q,
+                &k,
+                &v,
+                scale as f32,
+                docs.map(|d| d.starts()),
+                products_precision(&self.q_proj),
+            )
         {
             return project(&self.o_proj, out.swap_dims(1, 2).reshape([b, t, hq * hd]));
         }

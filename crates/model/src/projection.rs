@@ -10,10 +10,10 @@
 //! Merging (`Module::materialize`) stays for export and inference.
 
 use burn::nn::Linear;
-use burn::tensor::Tensor;
 use burn::tensor::module::linear;
+use burn::tensor::{DType, Tensor};
 
-use qwen_burn_kernels::{linear_rows, lora_projection, row_matmul};
+use qwen_burn_kernels::{Precision, linear_rows, lora_projection, row_matmul};
 
 pub(crate) use qwen_burn_kernels::widened;
 
@@ -62,6 +62,17 @@ fn project_with<const D: usize>(layer: &Linear, x: Tensor<D>, matvec: bool) -> T
                 }
             }
         }
+    }
+}
+
+/// The precision of the products that read `layer`'s outputs (the attention's): bf16 where the
+/// layer's stored (frozen) weight is bf16, as a bf16 model computes in PEFT and HF, else this
+/// thread's ([`qwen_burn_kernels::precision`]).
+pub(crate) fn products_precision(layer: &Linear) -> Precision {
+    if layer.weight.base().dtype() == DType::BF16 {
+        Precision::Bf16
+    } else {
+        qwen_burn_kernels::precision()
     }
 }
 

@@ -5,7 +5,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use super::{Dims, QUERY_BLOCK, tiles};
+use super::{Dims, Mode, QUERY_BLOCK, bf16, tiles};
 use crate::dense;
 
 /// One backward task: batch row and KV head `task`, all its query heads; it owns that head's
@@ -20,6 +20,7 @@ struct BackwardTask<'a> {
     dos: &'a [f32],
     ls: &'a [f32],
     scale: f32,
+    mode: Mode,
     /// This batch row's document starts (`t` values), if packed.
     starts: Option<&'a [u32]>,
 }
@@ -32,7 +33,7 @@ impl BackwardTask<'_> {
         let scale = self.scale;
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
-        let (kt, vt) = (self.dm.transposed(k), self.dm.transposed(v));
+        let (kt, vt) = (self.dm.keys(k, self.mode), self.dm.keys(v, self.mode));
         let ps = self.dm.stride();
         let (mut p, mut ds) = (self.dm.block_buffer(), self.dm.block_buffer());
         for g in 0..group {
@@ -43,6 +44,17 @@ impl BackwardTask<'_> {
                 &self.os[span.clone()],
                 &self.dos[span],
             );
+            let held = match self.mode {
+                Mode::F32 => None,
+                Mode::Bf16 { words } => {
+                    Some((bf16::Held::rows(q, words), bf16::Held::rows(d_o, words)))
+                }
+            };
+            let (q_side, do_side) = held
+                .as_ref()
+                .map_or((bf16::Side::F32(q), bf16::Side::F32(d_o)), |(q, d_o)| {
+                    (q.side(), d_o.side())
+                });
             for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
                 let block = r0 * hd..(r0 + rows) * hd;
                 let (qb, ob, dob) = (&q[block.clone()], &o[block.clone()], &d_o[block]);
@@ -63,20 +75,35 @@ impl BackwardTask<'_> {
                     lim: &lim[..rows],
                     lse,
                 };
-                self.dm.block_scores(qb, &kt[k0..], rows, nk, probs, &mut p);
+                let (qs, kts) = (q_side.at_row(r0, hd), kt.side().at_col(k0));
+                self.dm.block_scores(qs, kts, rows, nk, probs, &mut p);
                 let grad = tiles::Epilogue::ScoreGrad {
                     p: &p,
                     dd: &dd[..rows],
                 };
-                self.dm
-                    .block_scores(dob, &vt[k0..], rows, nk, grad, &mut ds);
+                let (dos, vts) = (do_side.at_row(r0, hd), vt.side().at_col(k0));
+                self.dm.block_scores(dos, vts, rows, nk, grad, &mut ds);
                 // dQ = dS K; dK += dS^T Q; dV += P^T dO (over the block's visible keys).
                 let dqb = &mut dqc[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
-                tiles::narrow(rows, nk, hd, (&ds, ps, 1), kb, (dqb, hd), false, scale);
                 let (dkb, dvb) = (&mut dkc[k0 * hd..], &mut dvc[k0 * hd..]);
-                tiles::narrow(nk, rows, hd, (&ds, 1, ps), qb, (dkb, hd), true, scale);
-                tiles::narrow(nk, rows, hd, (&p, 1, ps), dob, (dvb, hd), true, 1.0);
+                let (ds_rows, ds_cols, p_cols) =
+                    ((&ds[..], ps, 1), (&ds[..], 1, ps), (&p[..], 1, ps));
+                if self.mode == Mode::F32 {
+                    tiles::narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
+                    tiles::narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
+                    tiles::narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
+                } else {
+                    // At bf16 the products are unscaled: dQ is scaled here, dK once the task
+                    // has summed it (below).
+                    bf16::narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false);
+                    dqb.iter_mut().for_each(|x| *x *= scale);
+                    bf16::narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true);
+                    bf16::narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true);
+                }
             }
+        }
+        if self.mode != Mode::F32 {
+            dkc.iter_mut().for_each(|x| *x *= scale);
         }
     }
 }
@@ -91,6 +118,7 @@ pub(super) fn backward(
     lse: &FlexTensor,
     scale: f32,
     starts: Option<&[u32]>,
+    mode: Mode,
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
     let d_out = dense(d_out);
     let dm = Dims::of(q, k);
@@ -127,6 +155,7 @@ pub(super) fn backward(
                 dos,
                 ls,
                 scale,
+                mode,
                 starts: starts.map(|st| &st[(task / hkv) * t..(task / hkv + 1) * t]),
             };
             args.run(dqc, dkc, dvc);

@@ -5,7 +5,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use super::{Dims, QUERY_BLOCK, tiles};
+use super::{Dims, Mode, QUERY_BLOCK, bf16, tiles};
 use crate::dense;
 
 pub(super) fn forward(
@@ -14,6 +14,7 @@ pub(super) fn forward(
     v: &FlexTensor,
     scale: f32,
     starts: Option<&[u32]>,
+    mode: Mode,
 ) -> (FlexTensor, FlexTensor) {
     let (q, k, v) = (dense(q), dense(k), dense(v));
     let dm = Dims::of(&q, &k);
@@ -34,6 +35,7 @@ pub(super) fn forward(
                 ks,
                 vs,
                 scale,
+                mode,
                 starts: starts.map(|st| &st[(task / dm.hkv) * t..(task / dm.hkv + 1) * t]),
             };
             args.run(o, l);
@@ -52,6 +54,7 @@ struct ForwardTask<'a> {
     ks: &'a [f32],
     vs: &'a [f32],
     scale: f32,
+    mode: Mode,
     /// This batch row's document starts (`t` values), if packed.
     starts: Option<&'a [u32]>,
 }
@@ -63,19 +66,23 @@ impl ForwardTask<'_> {
         let group = self.dm.group();
         let (bi, kh, span) = self.dm.kv_head(self.task);
         let (k, v) = (&self.ks[span.clone()], &self.vs[span]);
-        let kt = self.dm.transposed(k);
+        let kt = self.dm.keys(k, self.mode);
         let ps = self.dm.stride();
         let mut p = self.dm.block_buffer();
         let mut inv = [0.0f32; QUERY_BLOCK];
         for g in 0..group {
             let q = &self.qs[self.dm.query_head(bi, kh * group + g)];
+            let held = match self.mode {
+                Mode::F32 => None,
+                Mode::Bf16 { words } => Some(bf16::Held::rows(q, words)),
+            };
+            let q_side = held.as_ref().map_or(bf16::Side::F32(q), bf16::Held::side);
             for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
                 // S = scale Q K^T over the block's visible keys `k0..keys` (column `j` of the
                 // buffer is key `k0 + j`) with each row's max over its causal keys, then each
                 // row's unnormalised softmax in place, keeping its log-sum-exp and the inverse
                 // of its sum.
                 let n = keys - k0;
-                let qb = &q[r0 * hd..(r0 + rows) * hd];
                 let lim = self.dm.limits(r0, rows, k0);
                 let mut max = [f32::NEG_INFINITY; QUERY_BLOCK];
                 let epilogue = tiles::Epilogue::Max {
@@ -83,8 +90,8 @@ impl ForwardTask<'_> {
                     lim: &lim[..rows],
                     max: &mut max[..rows],
                 };
-                self.dm
-                    .block_scores(qb, &kt[k0..], rows, n, epilogue, &mut p);
+                let (qb, ktb) = (q_side.at_row(r0, hd), kt.side().at_col(k0));
+                self.dm.block_scores(qb, ktb, rows, n, epilogue, &mut p);
                 for i in 0..rows {
                     let row = &mut p[i * ps..i * ps + n];
                     let sum = tiles::exp_row(row, lim[i] as usize, max[i]);
@@ -94,16 +101,11 @@ impl ForwardTask<'_> {
                 // O = P V, each row then divided by its sum (a pass over `hd` values instead
                 // of the row's keys).
                 let ob = &mut o[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
-                tiles::narrow(
-                    rows,
-                    n,
-                    hd,
-                    (&p, ps, 1),
-                    &v[k0 * hd..],
-                    (ob, hd),
-                    false,
-                    1.0,
-                );
+                let (pb, vb) = ((&p[..], ps, 1), &v[k0 * hd..]);
+                match self.mode {
+                    Mode::F32 => tiles::narrow(rows, n, hd, pb, vb, (ob, hd), false, 1.0),
+                    Mode::Bf16 { .. } => bf16::narrow(rows, n, hd, pb, vb, (ob, hd), false),
+                }
                 for (orow, w) in ob.chunks_exact_mut(hd).zip(&inv) {
                     orow.iter_mut().for_each(|x| *x *= w);
                 }

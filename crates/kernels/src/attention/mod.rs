@@ -40,8 +40,12 @@ use std::sync::Arc;
 
 use super::dense;
 use super::flex_training;
+use crate::products::Precision;
 
 mod backward;
+mod bf16;
+#[cfg(test)]
+mod bf16_tests;
 mod forward;
 #[cfg(test)]
 mod tests;
@@ -56,13 +60,15 @@ pub trait FusedAttention: Backend {
     /// `softmax(q k^T * scale + causal) v` per query head; query head `h` reads KV head
     /// `h / (hq / hkv)`. `q: [b, hq, t, hd]`, `k`, `v`: `[b, hkv, s, hd]`, `s >= t`, query `i`
     /// sees keys `0..=s - t + i`. With `starts` (`[b, t]`, only when `s == t`), query `i` of
-    /// row `r` sees keys `starts[r t + i]..=i`: its own document in a packed row.
+    /// row `r` sees keys `starts[r t + i]..=i`: its own document in a packed row. The products
+    /// (and the backward's) at `precision` ([`bf16`]).
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f32,
         starts: Option<Arc<[u32]>>,
+        precision: Precision,
     ) -> FloatTensor<Self>;
 }
 
@@ -73,8 +79,10 @@ impl FusedAttention for Flex {
         v: FloatTensor<Self>,
         scale: f32,
         starts: Option<Arc<[u32]>>,
+        precision: Precision,
     ) -> FloatTensor<Self> {
-        forward(&q, &k, &v, scale, starts.as_deref()).0
+        let mode = Mode::of(precision, q.layout().shape()[3]);
+        forward(&q, &k, &v, scale, starts.as_deref(), mode).0
     }
 }
 
@@ -85,13 +93,14 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
         v: FloatTensor<Self>,
         scale: f32,
         starts: Option<Arc<[u32]>>,
+        precision: Precision,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct AttentionBackward;
 
         impl Backward<Flex, 3> for AttentionBackward {
-            /// `q`, `k`, `v`, the output, the log-sum-exp per query row, the scale and the
-            /// document starts.
+            /// `q`, `k`, `v`, the output, the log-sum-exp per query row, the scale, the
+            /// document starts and the forward's products.
             type State = (
                 FlexTensor,
                 FlexTensor,
@@ -100,6 +109,7 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
                 FlexTensor,
                 f32,
                 Option<Arc<[u32]>>,
+                Mode,
             );
 
             fn backward(
@@ -110,9 +120,18 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
             ) {
                 let [node_q, node_k, node_v] = ops.parents;
                 let d_out = grads.consume::<Flex>(&ops.node);
-                let (q, k, v, out, lse, scale, starts) = ops.state;
-                let (dq, dk, dv) =
-                    backward(&d_out, &q, &k, &v, &out, &lse, scale, starts.as_deref());
+                let (q, k, v, out, lse, scale, starts, mode) = ops.state;
+                let (dq, dk, dv) = backward(
+                    &d_out,
+                    &q,
+                    &k,
+                    &v,
+                    &out,
+                    &lse,
+                    scale,
+                    starts.as_deref(),
+                    mode,
+                );
                 if let Some(node) = node_q {
                     grads.register::<Flex>(node.id, dq);
                 }
@@ -125,6 +144,7 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
             }
         }
 
+        let mode = Mode::of(precision, q.primitive().layout().shape()[3]);
         match AttentionBackward
             .prepare::<C>([q.node(), k.node(), v.node()])
             .compute_bound()
@@ -136,8 +156,8 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
                     dense(k.primitive()),
                     dense(v.primitive()),
                 );
-                let (out, lse) = forward(&qp, &kp, &vp, scale, starts.as_deref());
-                prep.finish((qp, kp, vp, out.clone(), lse, scale, starts), out)
+                let (out, lse) = forward(&qp, &kp, &vp, scale, starts.as_deref(), mode);
+                prep.finish((qp, kp, vp, out.clone(), lse, scale, starts, mode), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(
                 forward(
@@ -146,6 +166,7 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
                     v.primitive(),
                     scale,
                     starts.as_deref(),
+                    mode,
                 )
                 .0,
             ),
@@ -153,9 +174,10 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
     }
 }
 
-/// The fused causal attention on Flex (autodiff or not) in f32; `None` elsewhere, for the
-/// composed path. `starts` (`[b, t]`, as `qwen_burn_model::Documents::starts` builds it) keeps the
-/// documents of packed rows apart; it requires `s == t` (no KV cache).
+/// The fused causal attention on Flex (autodiff or not) on f32 tensors, its products at
+/// `precision`; `None` elsewhere, for the composed path. `starts` (`[b, t]`, as
+/// `qwen_burn_model::Documents::starts` builds it) keeps the documents of packed rows apart; it
+/// requires `s == t` (no KV cache).
 ///
 /// # Shapes
 /// - `q`: `[b, hq, t, hd]`, `k`, `v`: `[b, hkv, s, hd]` -> `[b, hq, t, hd]`
@@ -165,6 +187,7 @@ pub fn causal_attention(
     v: &Tensor<4>,
     scale: f32,
     starts: Option<&Arc<[u32]>>,
+    precision: Precision,
 ) -> Option<Tensor<4>> {
     let [b, hq, t, hd] = q.dims();
     let [bk, hkv, s, hdk] = k.dims();
@@ -190,6 +213,7 @@ pub fn causal_attention(
             v.clone().into_dispatch(),
             scale,
             starts.cloned(),
+            precision,
         ),
     ))
 }
@@ -202,6 +226,25 @@ fn starts_are_valid(starts: &[u32], t: usize) -> bool {
             .enumerate()
             .all(|(i, &st)| st as usize <= i && (i == 0 || st == row[i - 1] || st as usize == i))
     })
+}
+
+/// How one call's products run: in f32, or at bf16 with the score products on the words
+/// tiles (`words`) or on rounded copies ([`bf16`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    F32,
+    Bf16 { words: bool },
+}
+
+impl Mode {
+    fn of(precision: Precision, hd: usize) -> Self {
+        match precision {
+            Precision::F32 => Mode::F32,
+            Precision::Bf16 => Mode::Bf16 {
+                words: tiles::words_available(hd),
+            },
+        }
+    }
 }
 
 /// Shapes of one call.
@@ -274,6 +317,20 @@ impl Dims {
         out
     }
 
+    /// A KV head's keys or values as the score products' right side at `mode`: as
+    /// [`Dims::transposed`], of the values rounded to bf16 or as words ([`bf16`]).
+    fn keys(&self, x: &[f32], mode: Mode) -> bf16::Held {
+        match mode {
+            Mode::F32 => bf16::Held::F32(self.transposed(x)),
+            Mode::Bf16 { words: false } => {
+                bf16::Held::F32(self.transposed(&bf16::rounded(&x[..self.s * self.hd])))
+            }
+            Mode::Bf16 { words: true } => {
+                bf16::Held::Words(bf16::transposed_words(x, self.s, self.hd, self.kt_stride()))
+            }
+        }
+    }
+
     /// Row stride of [`Dims::transposed`].
     fn kt_stride(&self) -> usize {
         self.stride() + LANES
@@ -285,14 +342,14 @@ impl Dims {
     /// [`Dims::stride`] and gets `keys` rounded up to 16 columns.
     fn block_scores(
         &self,
-        a: &[f32],
-        bt: &[f32],
+        a: bf16::Side<'_>,
+        bt: bf16::Side<'_>,
         rows: usize,
         keys: usize,
         epilogue: tiles::Epilogue,
         out: &mut [f32],
     ) {
-        tiles::wide(
+        bf16::scores(
             rows,
             keys,
             self.hd,

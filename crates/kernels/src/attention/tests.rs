@@ -64,8 +64,8 @@ fn packed_documents_case(hd: usize) {
     let v = Tensor::<4>::random([b, hkv, t, hd], normal, &device).require_grad();
     let d_out = Tensor::<4>::random([b, hq, t, hd], normal, &device);
     let scale = (hd as f32).powf(-0.5);
-    let fused =
-        causal_attention(&q, &k, &v, scale, Some(&starts)).expect("flex autodiff takes the kernel");
+    let fused = causal_attention(&q, &k, &v, scale, Some(&starts), Precision::F32)
+        .expect("flex autodiff takes the kernel");
     let rep = |x: Tensor<4>| {
         x.unsqueeze_dim::<5>(2)
             .expand([b, hkv, hq / hkv, t, hd])
@@ -121,8 +121,8 @@ fn fused_attention_matches_the_composed_attention() {
         let v = Tensor::<4>::random([b, hkv, s, hd], normal, &device).require_grad();
         let d_out = Tensor::<4>::random([b, hq, t, hd], normal, &device);
         let scale = (hd as f32).powf(-0.5) * 1.5;
-        let fused =
-            causal_attention(&q, &k, &v, scale, None).expect("flex autodiff takes the kernel");
+        let fused = causal_attention(&q, &k, &v, scale, None, Precision::F32)
+            .expect("flex autodiff takes the kernel");
         let reference = composed(q.clone(), k.clone(), v.clone(), scale);
         let value = (fused.clone() - reference.clone())
             .abs()

@@ -214,6 +214,24 @@ unsafe fn wide_tile<const HD: usize, const R: usize, const J: usize>(
             }
         }
     }
+    // SAFETY: the tile's rows and columns, as the caller vouches.
+    unsafe { finish::<R, J>(acc, (c, c_rs), (r0, j0), epi) };
+}
+
+/// The epilogue of an `R x J` score tile `acc` at row `r0` and column `j0` of the block
+/// ([`super::Epilogue`]), stored into `c`.
+///
+/// # Safety
+/// AVX-512 present; rows `r0..r0 + R` of `c` (and of the epilogue's values) and its columns
+/// `j0..j0 + 16 J` inside the block.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn finish<const R: usize, const J: usize>(
+    acc: [[__m512; J]; R],
+    (c, c_rs): (*mut f32, usize),
+    (r0, j0): (usize, usize),
+    epi: Epi,
+) {
     // Lanes of register `j` before row limit `l`: all 16 but near the diagonal.
     let seen = |j: usize, l: usize| -> __mmask16 {
         let valid = l.saturating_sub(j0 + j * W).min(W);

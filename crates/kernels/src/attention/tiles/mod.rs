@@ -159,55 +159,23 @@ fn wide_on(
     assert!(a.len() >= m * hd, "lhs out of bounds");
     assert!(bt.len() >= extent(hd, cols, bt_rs, 1), "rhs out of bounds");
     assert!(c.len() >= extent(m, cols, c_rs, 1), "dst out of bounds");
-    match &epilogue {
-        Epilogue::Max { lim, max, .. } => assert!(lim.len() >= m && max.len() >= m),
-        Epilogue::Probs { lim, lse, .. } => assert!(lim.len() >= m && lse.len() >= m),
-        Epilogue::ScoreGrad { p, dd } => {
-            assert!(p.len() >= extent(m, cols, c_rs, 1) && dd.len() >= m)
-        }
-    }
+    epilogue.check(m, cols, c_rs);
     if m == 0 || n == 0 {
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if tiles {
-        // The forward's row maxima run as 16 lanes per row over the column tiles.
-        let mut lanes = match epilogue {
-            Epilogue::Max { .. } => vec![f32::NEG_INFINITY; m * W],
-            _ => Vec::new(),
-        };
-        let epi = match &epilogue {
-            Epilogue::Max { scale, lim, .. } => avx512::Epi::Max {
-                scale: *scale,
-                lim: lim.as_ptr(),
-                lanes: lanes.as_mut_ptr(),
-            },
-            Epilogue::Probs { scale, lim, lse } => avx512::Epi::Probs {
-                scale: *scale,
-                lim: lim.as_ptr(),
-                lse: lse.as_ptr(),
-            },
-            Epilogue::ScoreGrad { p, dd } => avx512::Epi::ScoreGrad {
-                p: p.as_ptr(),
-                dd: dd.as_ptr(),
-            },
-        };
         // SAFETY: AVX-512 was detected; the asserts cover `m` rows of `cols` columns of `c`
         // (and of `p`), `hd` rows of `cols` columns of `bt`, and `m` rows of the epilogue's
-        // per-row values, all the tiles touch; `lanes` holds `m x 16`.
-        unsafe {
+        // per-row values, all the tiles touch.
+        with_epi(m, epilogue, |epi| unsafe {
             let (a, bt, c) = (a.as_ptr(), (bt.as_ptr(), bt_rs), (c.as_mut_ptr(), c_rs));
             match hd {
                 32 => avx512::wide::<32>(m, cols / W, a, bt, c, epi),
                 64 => avx512::wide::<64>(m, cols / W, a, bt, c, epi),
                 _ => avx512::wide::<128>(m, cols / W, a, bt, c, epi),
             }
-        }
-        if let Epilogue::Max { max, .. } = epilogue {
-            for (mx, row) in max.iter_mut().zip(lanes.chunks_exact(W)) {
-                *mx = row.iter().copied().fold(*mx, f32::max);
-            }
-        }
+        });
         return;
     }
     let beta = match epilogue {
@@ -233,6 +201,108 @@ fn wide_on(
             Epilogue::ScoreGrad { p, dd } => grad_row(row, &p[r * c_rs..r * c_rs + n], dd[r]),
         }
     }
+}
+
+impl Epilogue<'_> {
+    /// The per-row values cover `m` rows (and `p` the block's `m` rows of `cols`).
+    fn check(&self, m: usize, cols: usize, c_rs: usize) {
+        match self {
+            Epilogue::Max { lim, max, .. } => assert!(lim.len() >= m && max.len() >= m),
+            Epilogue::Probs { lim, lse, .. } => assert!(lim.len() >= m && lse.len() >= m),
+            Epilogue::ScoreGrad { p, dd } => {
+                assert!(p.len() >= extent(m, cols, c_rs, 1) && dd.len() >= m)
+            }
+        }
+    }
+}
+
+/// Run `tiles` with the epilogue as the tiles take it (raw pointers; the forward's row
+/// maxima as 16 lanes per row over the column tiles, folded into `max` after).
+#[cfg(target_arch = "x86_64")]
+fn with_epi(m: usize, epilogue: Epilogue, tiles: impl FnOnce(avx512::Epi)) {
+    let mut lanes = match epilogue {
+        Epilogue::Max { .. } => vec![f32::NEG_INFINITY; m * W],
+        _ => Vec::new(),
+    };
+    let epi = match &epilogue {
+        Epilogue::Max { scale, lim, .. } => avx512::Epi::Max {
+            scale: *scale,
+            lim: lim.as_ptr(),
+            lanes: lanes.as_mut_ptr(),
+        },
+        Epilogue::Probs { scale, lim, lse } => avx512::Epi::Probs {
+            scale: *scale,
+            lim: lim.as_ptr(),
+            lse: lse.as_ptr(),
+        },
+        Epilogue::ScoreGrad { p, dd } => avx512::Epi::ScoreGrad {
+            p: p.as_ptr(),
+            dd: dd.as_ptr(),
+        },
+    };
+    tiles(epi);
+    if let Epilogue::Max { max, .. } = epilogue {
+        for (mx, row) in max.iter_mut().zip(lanes.chunks_exact(W)) {
+            *mx = row.iter().copied().fold(*mx, f32::max);
+        }
+    }
+}
+
+/// Whether [`wide_words`] runs here for this head size: the f32 tiles' head sizes, on a CPU
+/// with AVX512-BF16 whose bf16 products are not capped to the emulation
+/// ([`crate::bf16_path`]).
+pub(super) fn words_available(hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available(hd)
+            && crate::bf16_path().has_kernel()
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hd;
+        false
+    }
+}
+
+/// [`wide`] with both operands as pairs of bf16 ([`words`]): `a: [m, hd / 2]` words, row
+/// `i`'s word `p` holding its elements `2p` (low half) and `2p + 1`; `bt: [hd / 2, n]` words
+/// at row stride `bt_rs`, word `(p, j)` holding elements `2p` and `2p + 1` of column `j`.
+/// The products are exact in f32 and summed in f32; the epilogue is [`wide`]'s. Only where
+/// [`words_available`] (panics elsewhere).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn wide_words(
+    m: usize,
+    n: usize,
+    hd: usize,
+    a: &[u32],
+    (bt, bt_rs): (&[u32], usize),
+    (c, c_rs): (&mut [f32], usize),
+    epilogue: Epilogue,
+) {
+    assert!(words_available(hd), "no bf16 score tiles for hd {hd} here");
+    let cols = n.next_multiple_of(W);
+    assert!(a.len() >= m * hd / 2, "lhs out of bounds");
+    assert!(
+        bt.len() >= extent(hd / 2, cols, bt_rs, 1),
+        "rhs out of bounds"
+    );
+    assert!(c.len() >= extent(m, cols, c_rs, 1), "dst out of bounds");
+    epilogue.check(m, cols, c_rs);
+    if m == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX512-BF16 was detected (asserted); the asserts cover every word and float the
+    // tiles touch, as in [`wide`].
+    with_epi(m, epilogue, |epi| unsafe {
+        let (a, bt, c) = (a.as_ptr(), (bt.as_ptr(), bt_rs), (c.as_mut_ptr(), c_rs));
+        match hd {
+            32 => words::wide_words::<32>(m, cols / W, a, bt, c, epi),
+            64 => words::wide_words::<64>(m, cols / W, a, bt, c, epi),
+            _ => words::wide_words::<128>(m, cols / W, a, bt, c, epi),
+        }
+    });
 }
 
 /// `row[..n] = exp(row[..n] - max)` in place, `row[n..] = 0`; returns the sum of the
@@ -330,6 +400,8 @@ fn grad_row_generic(ds: &mut [f32], p: &[f32], dd: f32) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod words;
 
 #[cfg(test)]
 mod tests;

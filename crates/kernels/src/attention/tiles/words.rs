@@ -1,0 +1,94 @@
+//! The score tiles of [`super::wide_words`] on AVX512-BF16: the same tiles and epilogues as
+//! [`super::avx512::wide`], the reduction over `hd` in pairs of bf16 (`vdpbf16ps`), half the
+//! steps of the f32 tiles.
+
+use std::arch::x86_64::*;
+
+use super::W;
+use super::avx512::{Epi, finish};
+
+/// A words tile's operands: `a` (rows of `HD / 2` words), `bt` and its row stride (in words),
+/// the block's `c` and its row stride, the tile's first row and column in the block, the
+/// epilogue.
+type TileArgs = (
+    *const u32,
+    (*const u32, usize),
+    (*mut f32, usize),
+    (usize, usize),
+    Epi,
+);
+
+/// [`super::wide_words`] over `regs` registers of 16 columns: tiles of 8 rows by 3 registers,
+/// then the edges with fewer (as [`super::avx512::wide`]).
+///
+/// # Safety
+/// AVX512-BF16 present; `a` holds `m` rows of `HD / 2` words, `bt` holds `HD / 2` rows of
+/// `16 regs` words at row stride `bt_rs`, `c` holds `m` rows of `16 regs` floats at row stride
+/// `c_rs`, and the epilogue's values cover `m` rows.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn wide_words<const HD: usize>(
+    m: usize,
+    regs: usize,
+    a: *const u32,
+    (bt, bt_rs): (*const u32, usize),
+    (c, c_rs): (*mut f32, usize),
+    epi: Epi,
+) {
+    let mut j = 0;
+    while j < regs {
+        let mut r = 0;
+        while r < m {
+            let rows = (m - r).min(8);
+            let args = (a, (bt, bt_rs), (c, c_rs), (r, j * W), epi);
+            // SAFETY (all tiles): rows `r..r + R <= m`, registers `j..j + J <= regs`, as the
+            // caller vouches.
+            match (rows, regs - j) {
+                (8, 3..) => unsafe { tile::<HD, 8, 3>(args) },
+                (8, 2) => unsafe { tile::<HD, 8, 2>(args) },
+                (8, _) => unsafe { tile::<HD, 8, 1>(args) },
+                (4..8, 3..) => unsafe { tile::<HD, 4, 3>(args) },
+                (4..8, 2) => unsafe { tile::<HD, 4, 2>(args) },
+                (4..8, _) => unsafe { tile::<HD, 4, 1>(args) },
+                (_, 3..) => unsafe { tile::<HD, 1, 3>(args) },
+                (_, 2) => unsafe { tile::<HD, 1, 2>(args) },
+                _ => unsafe { tile::<HD, 1, 1>(args) },
+            }
+            r += match rows {
+                8 => 8,
+                4..8 => 4,
+                _ => 1,
+            };
+        }
+        j += (regs - j).min(3);
+    }
+}
+
+/// `R` rows by `J` registers at row `r0` and column `j0` of the block, accumulated in
+/// registers over the `HD / 2` pairs, then through the epilogue.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn tile<const HD: usize, const R: usize, const J: usize>(
+    (a, (bt, bt_rs), c, (r0, j0), epi): TileArgs,
+) {
+    // SAFETY (all pointer offsets): inside the tile, as the caller vouches.
+    let (a, bt) = unsafe { (a.add(r0 * HD / 2), bt.add(j0)) };
+    let mut acc = [[_mm512_setzero_ps(); J]; R];
+    for d in 0..HD / 2 {
+        let btd = unsafe { bt.add(d * bt_rs) };
+        let mut bv: [__m512bh; J] = unsafe { std::mem::zeroed() };
+        for (j, x) in bv.iter_mut().enumerate() {
+            *x = unsafe {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(btd.add(j * W).cast()))
+            };
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let w = unsafe { *a.add(r * HD / 2 + d) };
+            let w: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(w as i32)) };
+            for (x, bx) in row.iter_mut().zip(&bv) {
+                *x = _mm512_dpbf16_ps(*x, w, *bx);
+            }
+        }
+    }
+    // SAFETY: the tile's rows and columns, as the caller vouches.
+    unsafe { finish::<R, J>(acc, c, (r0, j0), epi) };
+}
