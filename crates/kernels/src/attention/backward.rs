@@ -88,22 +88,19 @@ impl BackwardTask<'_> {
                 let (dkb, dvb) = (&mut dkc[k0 * hd..], &mut dvc[k0 * hd..]);
                 let (ds_rows, ds_cols, p_cols) =
                     ((&ds[..], ps, 1), (&ds[..], 1, ps), (&p[..], 1, ps));
-                if self.mode == Mode::F32 {
-                    tiles::narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
-                    tiles::narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
-                    tiles::narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
-                } else {
-                    // At bf16 the products are unscaled: dQ is scaled here, dK once the task
-                    // has summed it (below).
-                    bf16::narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false);
-                    dqb.iter_mut().for_each(|x| *x *= scale);
-                    bf16::narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true);
-                    bf16::narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true);
+                match self.mode {
+                    Mode::F32 => {
+                        tiles::narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
+                        tiles::narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
+                        tiles::narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
+                    }
+                    Mode::Bf16 { words } => {
+                        bf16::narrow(words, rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
+                        bf16::narrow(words, nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
+                        bf16::narrow(words, nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
+                    }
                 }
             }
-        }
-        if self.mode != Mode::F32 {
-            dkc.iter_mut().for_each(|x| *x *= scale);
         }
     }
 }

@@ -7,9 +7,10 @@
 //!   AVX512-BF16: the rows and the transposed keys or values as pairs of bf16 ([`words`],
 //!   [`transposed_words`]). Elsewhere the f32 score tiles run on rounded copies
 //!   ([`rounded`]): the same products, summed in another order.
-//! - The products that write `hd` columns go through the bf16 products of [`crate::bf16`] on
-//!   the task's thread (which round their operands as they pack them, and emulate the kernel
-//!   where the CPU has none).
+//! - The products that write `hd` columns run on [`tiles::narrow_words`] there too, both
+//!   operands rounded into pairs along the reduction per product ([`narrow`]); elsewhere
+//!   through the bf16 products of [`crate::bf16`] on the task's thread (which round their
+//!   operands as they pack them, and emulate the kernel where the CPU has none).
 
 use super::tiles;
 use crate::bf16::{Operand, mm_bf16, round_bits};
@@ -29,9 +30,9 @@ pub(super) fn rounded(x: &[f32]) -> Vec<f32> {
 /// Rows of even length as pairs of bf16: word `i` holds `x[2i]` (low half) and `x[2i + 1]`.
 pub(super) fn words(x: &[f32]) -> Vec<u32> {
     assert!(x.len().is_multiple_of(2), "pairs of elements");
-    x.chunks_exact(2)
-        .map(|p| bits(p[0]) | (bits(p[1]) << 16))
-        .collect()
+    let mut out = vec![0u32; x.len() / 2];
+    pairs_across(x, 1, x.len(), x.len(), &mut out);
+    out
 }
 
 /// `x: [s, hd]` (row-major, `hd` even) as `[hd / 2, ts]` words (`ts >= s`): word `(p, j)`
@@ -47,20 +48,128 @@ pub(super) fn transposed_words(x: &[f32], s: usize, hd: usize, ts: usize) -> Vec
     out
 }
 
-/// `c (+)= a @ b` at bf16 for `a: [m, k]` at strides `(a_rs, a_cs)`, `b: [k, hd]` row-major,
-/// `c: [m, hd]` at row stride `c_rs`, on the calling thread (the products of
-/// [`tiles::narrow`], unscaled).
+simd_dispatch! {
+    /// `x: [rows, cols]` (row stride `rs`) into `out: [rows, cols.div_ceil(2)]` words of pairs
+    /// along each row, rounded to bf16; a last odd element's high half 0.
+    fn pairs_across(x: &[f32], rows: usize, cols: usize, rs: usize, out: &mut [u32]) = pairs_across_generic
+}
+
+#[inline(always)]
+fn pairs_across_generic(x: &[f32], rows: usize, cols: usize, rs: usize, out: &mut [u32]) {
+    let pairs = cols.div_ceil(2);
+    for (i, o) in out[..rows * pairs].chunks_exact_mut(pairs).enumerate() {
+        let mut it = x[i * rs..i * rs + cols].chunks_exact(2);
+        for (w, p) in o.iter_mut().zip(&mut it) {
+            *w = bits(p[0]) | (bits(p[1]) << 16);
+        }
+        if let [last] = it.remainder() {
+            o[pairs - 1] = bits(*last);
+        }
+    }
+}
+
+simd_dispatch! {
+    /// `x: [rows, cols]` (row stride `rs`) into `out: [rows.div_ceil(2), cols]` words of pairs
+    /// of rows, rounded to bf16; a last odd row paired with zeros.
+    fn pairs_down(x: &[f32], rows: usize, cols: usize, rs: usize, out: &mut [u32]) = pairs_down_generic
+}
+
+#[inline(always)]
+fn pairs_down_generic(x: &[f32], rows: usize, cols: usize, rs: usize, out: &mut [u32]) {
+    for (q, o) in out[..rows.div_ceil(2) * cols]
+        .chunks_exact_mut(cols)
+        .enumerate()
+    {
+        let lo = &x[2 * q * rs..2 * q * rs + cols];
+        if 2 * q + 1 < rows {
+            let hi = &x[(2 * q + 1) * rs..(2 * q + 1) * rs + cols];
+            for ((w, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
+                *w = bits(l) | (bits(h) << 16);
+            }
+        } else {
+            for (w, &l) in o.iter_mut().zip(lo) {
+                *w = bits(l);
+            }
+        }
+    }
+}
+
+/// `c = beta a b` (or `c += beta a b` when `accumulate`) at bf16 for `a: [m, k]` at strides
+/// `(a_rs, a_cs)`, `b: [k, hd]` row-major, `c: [m, hd]` at row stride `c_rs`, on the calling
+/// thread (the products of [`tiles::narrow`]): on the words tiles when `words`
+/// ([`tiles::narrow_words`], both operands rounded into pairs here), else through the bf16
+/// products of [`crate::bf16`], then scaled.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn narrow(
+    words: bool,
     m: usize,
     k: usize,
     hd: usize,
     (a, a_rs, a_cs): (&[f32], usize, usize),
     b: &[f32],
-    c: (&mut [f32], usize),
+    (c, c_rs): (&mut [f32], usize),
     accumulate: bool,
+    beta: f32,
 ) {
+    if words {
+        let pairs = k.div_ceil(2);
+        // Buffers kept by the thread across calls (fresh ones are faulted in each time).
+        let (mut aw, mut bw) = SCRATCH.take();
+        aw.resize(m * pairs, 0);
+        bw.resize(pairs * hd, 0);
+        // `a` by rows (`[m, pairs]`) or, read down its columns, by pairs (`[pairs, m]`): each
+        // built in memory order.
+        let a_strides = if a_cs == 1 {
+            pairs_across(a, m, k, a_rs, &mut aw);
+            (pairs, 1)
+        } else {
+            assert_eq!(a_rs, 1, "one stride of `a` must be 1");
+            pairs_down(a, k, m, a_cs, &mut aw);
+            (1, m)
+        };
+        pairs_down(b, k, hd, hd, &mut bw);
+        tiles::narrow_words(
+            m,
+            pairs,
+            hd,
+            (&aw, a_strides),
+            &bw,
+            (c, c_rs),
+            accumulate,
+            beta,
+        );
+        SCRATCH.set((aw, bw));
+        return;
+    }
     let (a, b) = (Operand::F32(a, a_rs, a_cs), Operand::F32(b, hd, 1));
-    mm_bf16(m, hd, k, a, b, c, accumulate, Threads::One);
+    let rows = |c: &mut [f32]| {
+        (0..m).for_each(|i| {
+            c[i * c_rs..i * c_rs + hd]
+                .iter_mut()
+                .for_each(|x| *x *= beta)
+        })
+    };
+    if !accumulate {
+        mm_bf16(m, hd, k, a, b, (c, c_rs), false, Threads::One);
+        if beta != 1.0 {
+            rows(c);
+        }
+    } else if beta == 1.0 {
+        mm_bf16(m, hd, k, a, b, (c, c_rs), true, Threads::One);
+    } else {
+        let mut t = vec![0.0f32; m * hd];
+        mm_bf16(m, hd, k, a, b, (&mut t, hd), false, Threads::One);
+        for (i, row) in t.chunks_exact(hd).enumerate() {
+            let out = &mut c[i * c_rs..i * c_rs + hd];
+            out.iter_mut().zip(row).for_each(|(o, x)| *o += beta * x);
+        }
+    }
+}
+
+thread_local! {
+    /// [`narrow`]'s operands as words.
+    static SCRATCH: std::cell::Cell<(Vec<u32>, Vec<u32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// Query-side rows or keys held for the score products at bf16: rounded f32 or words.

@@ -185,3 +185,94 @@ fn bf16_precision_reaches_the_kernel() {
         assert_eq!(got_dq == dq, same, "{precision:?} against {mode:?}: dq");
     }
 }
+
+/// The products on bf16 words against f64 on the bf16 values, within 1e-5 of the largest
+/// result (the f32 sums' rounding; a wrong pair or layout is off by the result's own size):
+/// the `hd`-column products (`a` by rows and by columns, odd reductions, row tails; `c += 0.7
+/// a b` onto 0.5) on the words tiles where the CPU has them and on the bf16 products
+/// elsewhere, and the score products (`scale a bt`, partial registers) on both sides' kinds.
+#[test]
+fn words_products_match_the_rounded_reference() {
+    for hd in [32, 64, 128] {
+        let words = tiles::words_available(hd);
+        println!("hd {hd}: words tiles {words}");
+        for (m, k, by_columns) in [(13, 37, false), (7, 64, true), (40, 5, false), (3, 9, true)] {
+            let (a, b) = (values(m * k, 11), values(k * hd, 12));
+            let (a_rs, a_cs) = if by_columns { (1, m) } else { (k, 1) };
+            let want: Vec<f64> = (0..m * hd)
+                .map(|x| {
+                    let (i, d) = (x / hd, x % hd);
+                    let dot: f64 = (0..k)
+                        .map(|kk| bf16_of(a[i * a_rs + kk * a_cs]) * bf16_of(b[kk * hd + d]))
+                        .sum();
+                    0.5 + 0.7 * dot
+                })
+                .collect();
+            let top = want.iter().fold(0.0f64, |t, x| t.max(x.abs()));
+            for w in [words, false].into_iter().take(if words { 2 } else { 1 }) {
+                let mut c = vec![0.5f32; m * hd];
+                bf16::narrow(w, m, k, hd, (&a, a_rs, a_cs), &b, (&mut c, hd), true, 0.7);
+                let err = c
+                    .iter()
+                    .zip(&want)
+                    .fold(0.0f64, |e, (g, w)| e.max((f64::from(*g) - w).abs()));
+                assert!(
+                    err <= 1e-5 * top,
+                    "hd {hd} m {m} k {k} by columns {by_columns} words {w}: off by {err} of {top}"
+                );
+            }
+        }
+        // Scores: `c = scale a bt` for `a: [m, hd]`, `bt` the transposed keys `[n, hd]`.
+        let (m, n, ts) = (11, 37, 48);
+        let (a, keys) = (values(m * hd, 13), values(n * hd, 14));
+        let scale = 0.3f32;
+        let want: Vec<f64> = (0..m * n)
+            .map(|x| {
+                let (i, j) = (x / n, x % n);
+                let dot: f64 = (0..hd)
+                    .map(|d| bf16_of(a[i * hd + d]) * bf16_of(keys[j * hd + d]))
+                    .sum();
+                f64::from(scale) * dot
+            })
+            .collect();
+        let top = want.iter().fold(0.0f64, |t, x| t.max(x.abs()));
+        let lim = vec![n as u32; m];
+        for w in [words, false].into_iter().take(if words { 2 } else { 1 }) {
+            let (rows, bt) = if w {
+                let bt = bf16::transposed_words(&keys, n, hd, ts);
+                (bf16::Held::Words(bf16::words(&a)), bf16::Held::Words(bt))
+            } else {
+                let mut bt = vec![0.0f32; hd * ts];
+                for (j, row) in bf16::rounded(&keys).chunks_exact(hd).enumerate() {
+                    row.iter()
+                        .enumerate()
+                        .for_each(|(d, x)| bt[d * ts + j] = *x);
+                }
+                (bf16::Held::F32(bf16::rounded(&a)), bf16::Held::F32(bt))
+            };
+            let mut c = vec![0.0f32; m * ts];
+            let mut max = vec![f32::NEG_INFINITY; m];
+            let epilogue = tiles::Epilogue::Max {
+                scale,
+                lim: &lim,
+                max: &mut max,
+            };
+            bf16::scores(
+                m,
+                n,
+                hd,
+                rows.side(),
+                (bt.side(), ts),
+                (&mut c, ts),
+                epilogue,
+            );
+            let err = (0..m * n).fold(0.0f64, |e, x| {
+                e.max((f64::from(c[(x / n) * ts + x % n]) - want[x]).abs())
+            });
+            assert!(
+                err <= 1e-5 * top,
+                "hd {hd} scores, words {w}: off by {err} of {top}"
+            );
+        }
+    }
+}

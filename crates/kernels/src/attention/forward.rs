@@ -104,7 +104,9 @@ impl ForwardTask<'_> {
                 let (pb, vb) = ((&p[..], ps, 1), &v[k0 * hd..]);
                 match self.mode {
                     Mode::F32 => tiles::narrow(rows, n, hd, pb, vb, (ob, hd), false, 1.0),
-                    Mode::Bf16 { .. } => bf16::narrow(rows, n, hd, pb, vb, (ob, hd), false),
+                    Mode::Bf16 { words } => {
+                        bf16::narrow(words, rows, n, hd, pb, vb, (ob, hd), false, 1.0)
+                    }
                 }
                 for (orow, w) in ob.chunks_exact_mut(hd).zip(&inv) {
                     orow.iter_mut().for_each(|x| *x *= w);

@@ -305,6 +305,41 @@ pub(super) fn wide_words(
     });
 }
 
+/// `c = beta a b` (or `c += beta a b` when `accumulate`) with both operands as pairs of bf16
+/// along the reduction: `a: [m, pairs]` words, word `(i, p)` at `i a_rs + p a_ps`,
+/// `b: [pairs, hd]` words (row-major), `c: [m, hd]` at row stride `c_rs`; the products exact
+/// in f32, summed in f32. Only where [`words_available`] (panics elsewhere).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn narrow_words(
+    m: usize,
+    pairs: usize,
+    hd: usize,
+    (a, (a_rs, a_ps)): (&[u32], (usize, usize)),
+    b: &[u32],
+    (c, c_rs): (&mut [f32], usize),
+    accumulate: bool,
+    beta: f32,
+) {
+    assert!(words_available(hd), "no bf16 tiles for hd {hd} here");
+    assert!(a.len() >= extent(m, pairs, a_rs, a_ps), "lhs out of bounds");
+    assert!(b.len() >= pairs * hd, "rhs out of bounds");
+    assert!(c.len() >= extent(m, hd, c_rs, 1), "dst out of bounds");
+    if m == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX512-BF16 was detected (asserted); the asserts cover the rows, pairs and
+    // columns the tiles touch, and `c` is a distinct `&mut`.
+    unsafe {
+        let (a, b, c) = ((a.as_ptr(), a_rs, a_ps), b.as_ptr(), (c.as_mut_ptr(), c_rs));
+        match hd {
+            32 => words::narrow_words::<2, 12>(m, pairs, a, b, c, accumulate, beta),
+            64 => words::narrow_words::<4, 6>(m, pairs, a, b, c, accumulate, beta),
+            _ => words::narrow_words::<8, 3>(m, pairs, a, b, c, accumulate, beta),
+        }
+    }
+}
+
 /// `row[..n] = exp(row[..n] - max)` in place, `row[n..] = 0`; returns the sum of the
 /// exponentials (the forward's softmax numerators).
 pub(super) fn exp_row(row: &mut [f32], n: usize, max: f32) -> f32 {

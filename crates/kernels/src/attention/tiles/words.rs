@@ -92,3 +92,91 @@ unsafe fn tile<const HD: usize, const R: usize, const J: usize>(
     // SAFETY: the tile's rows and columns, as the caller vouches.
     unsafe { finish::<R, J>(acc, c, (r0, j0), epi) };
 }
+
+/// [`super::narrow_words`] on tiles of `R` rows (then 4 where `R` is larger, then single
+/// rows), `NV` registers (`hd = 16 NV`) per row.
+///
+/// # Safety
+/// AVX512-BF16 present; `a` holds words `(i, p)` for `i < m`, `p < pairs` at
+/// `i a_rs + p a_ps`, `b` holds `pairs` rows of `16 NV` words, `c` holds `m` rows of `16 NV`
+/// floats at row stride `c_rs`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn narrow_words<const NV: usize, const R: usize>(
+    m: usize,
+    pairs: usize,
+    (a, a_rs, a_ps): (*const u32, usize, usize),
+    b: *const u32,
+    (c, c_rs): (*mut f32, usize),
+    accumulate: bool,
+    beta: f32,
+) {
+    let mut r = 0;
+    // SAFETY (all tiles): rows `r..r + rows <= m` of `a` and `c`, as the caller vouches.
+    let tile = |r: usize, rows: usize| unsafe {
+        let (ar, cr) = ((a.add(r * a_rs), a_rs, a_ps), (c.add(r * c_rs), c_rs));
+        match rows {
+            1 => narrow_tile::<NV, 1>(pairs, ar, b, cr, accumulate, beta),
+            4 => narrow_tile::<NV, 4>(pairs, ar, b, cr, accumulate, beta),
+            _ => narrow_tile::<NV, R>(pairs, ar, b, cr, accumulate, beta),
+        }
+    };
+    while r + R <= m {
+        tile(r, R);
+        r += R;
+    }
+    while R > 4 && r + 4 <= m {
+        tile(r, 4);
+        r += 4;
+    }
+    while r < m {
+        tile(r, 1);
+        r += 1;
+    }
+}
+
+/// `R` rows of [`narrow_words`]: the `R x NV` accumulators stay in registers over the pairs,
+/// then `c = beta acc` (or `c += beta acc` when `accumulate`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn narrow_tile<const NV: usize, const R: usize>(
+    pairs: usize,
+    (a, a_rs, a_ps): (*const u32, usize, usize),
+    b: *const u32,
+    (c, c_rs): (*mut f32, usize),
+    accumulate: bool,
+    beta: f32,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NV]; R];
+    for p in 0..pairs {
+        // SAFETY: pair `p < pairs` of `b` (16 NV words) and of rows `< R` of `a`.
+        unsafe {
+            let mut bv: [__m512bh; NV] = std::mem::zeroed();
+            for (v, x) in bv.iter_mut().enumerate() {
+                let at = b.add(p * NV * W + v * W).cast();
+                *x = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_epi32(*a.add(r * a_rs + p * a_ps) as i32);
+                let w: __m512bh = std::mem::transmute(w);
+                for (x, bx) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_dpbf16_ps(*x, w, *bx);
+                }
+            }
+        }
+    }
+    let scale = _mm512_set1_ps(beta);
+    for (r, row) in acc.iter().enumerate() {
+        for (v, x) in row.iter().enumerate() {
+            // SAFETY: element `(r, 16 v)` of `c` and the 15 after it, inside row `r`.
+            unsafe {
+                let p = c.add(r * c_rs + v * W);
+                let y = if accumulate {
+                    _mm512_fmadd_ps(*x, scale, _mm512_loadu_ps(p))
+                } else {
+                    _mm512_mul_ps(*x, scale)
+                };
+                _mm512_storeu_ps(p, y);
+            }
+        }
+    }
+}
