@@ -125,11 +125,7 @@ fn flex_decode_attention(
             let mut scores: Vec<f32> = if bf16 {
                 let qv: Vec<f32> = qv.iter().map(|&x| rounded(x)).collect();
                 (0..len)
-                    .map(|j| {
-                        let row = &kd[base + j * hd..base + (j + 1) * hd];
-                        let dot = qv.iter().zip(row).map(|(a, &b)| a * rounded(b));
-                        dot.sum::<f32>() * scale
-                    })
+                    .map(|j| dot_rounded(&qv, &kd[base + j * hd..base + (j + 1) * hd]) * scale)
                     .collect()
             } else {
                 (0..len)
@@ -147,11 +143,7 @@ fn flex_decode_attention(
             }
             if bf16 {
                 for (j, p) in scores.iter().enumerate() {
-                    let row = &vd[base + j * hd..base + (j + 1) * hd];
-                    let w = rounded(*p);
-                    for (y, &x) in o.iter_mut().zip(row) {
-                        *y += w * rounded(x);
-                    }
+                    add_rounded(o, rounded(*p), &vd[base + j * hd..base + (j + 1) * hd]);
                 }
                 o.iter_mut().for_each(|y| *y /= sum);
                 return;
@@ -165,6 +157,41 @@ fn flex_decode_attention(
             }
         });
     FlexTensor::from_data(TensorData::new(out, [b, hq, 1, hd]))
+}
+
+simd_dispatch! {
+    /// `q . bf16(k)` for a rounded `q`, in 16 running sums (so that it vectorises).
+    fn dot_rounded(q: &[f32], k: &[f32]) -> f32 = dot_rounded_generic
+}
+
+#[inline(always)]
+fn dot_rounded_generic(q: &[f32], k: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 16];
+    let (qc, kc) = (q.chunks_exact(16), k.chunks_exact(16));
+    let tail: f32 = qc
+        .remainder()
+        .iter()
+        .zip(kc.remainder())
+        .map(|(a, &b)| a * rounded(b))
+        .sum();
+    for (a, b) in qc.zip(kc) {
+        for l in 0..16 {
+            sums[l] += a[l] * rounded(b[l]);
+        }
+    }
+    sums.iter().sum::<f32>() + tail
+}
+
+simd_dispatch! {
+    /// `o += w bf16(v)`.
+    fn add_rounded(o: &mut [f32], w: f32, v: &[f32]) = add_rounded_generic
+}
+
+#[inline(always)]
+fn add_rounded_generic(o: &mut [f32], w: f32, v: &[f32]) {
+    for (y, &x) in o.iter_mut().zip(v) {
+        *y += w * rounded(x);
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,10 @@
 //! the backward's probabilities and score gradients), and the softmax's division is applied to
 //! the output rows instead of the probabilities. Elsewhere the same products run through
 //! `gemm` with the same epilogues as separate row passes.
+//!
+//! At bf16 precision (a bf16 model or LoRA base, mixed-precision training) every product takes
+//! bf16 operands with f32 sums, the softmax staying f32, as PyTorch's flash attention for bf16
+//! on CPU ([`bf16`]).
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

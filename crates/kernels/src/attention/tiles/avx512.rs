@@ -159,33 +159,15 @@ pub(super) unsafe fn wide<const HD: usize>(
 ) {
     // Column tiles outside, row tiles inside: a tile's `HD x 48` slice of `bt` (6 KB at
     // `HD = 32`) stays in L1 for all the rows, as `a` does.
-    let mut j = 0;
-    while j < regs {
-        let mut r = 0;
-        while r < m {
-            let rows = (m - r).min(8);
-            let args = (a, (bt, bt_rs), (c, c_rs), (r, j * W), epi);
-            // SAFETY (all tiles): rows `r..r + R <= m` of `a`, `c` and the epilogue's
-            // values, registers `j..j + J <= regs` of `bt` and `c`, as the caller vouches.
-            match (rows, regs - j) {
-                (8, 3..) => unsafe { wide_tile::<HD, 8, 3>(args) },
-                (8, 2) => unsafe { wide_tile::<HD, 8, 2>(args) },
-                (8, _) => unsafe { wide_tile::<HD, 8, 1>(args) },
-                (4..8, 3..) => unsafe { wide_tile::<HD, 4, 3>(args) },
-                (4..8, 2) => unsafe { wide_tile::<HD, 4, 2>(args) },
-                (4..8, _) => unsafe { wide_tile::<HD, 4, 1>(args) },
-                (_, 3..) => unsafe { wide_tile::<HD, 1, 3>(args) },
-                (_, 2) => unsafe { wide_tile::<HD, 1, 2>(args) },
-                _ => unsafe { wide_tile::<HD, 1, 1>(args) },
-            }
-            r += match rows {
-                8 => 8,
-                4..8 => 4,
-                _ => 1,
-            };
-        }
-        j += (regs - j).min(3);
-    }
+    // SAFETY (all tiles): rows `r..r + R <= m` of `a`, `c` and the epilogue's values,
+    // registers `j..j + J <= regs` of `bt` and `c`, as the caller vouches.
+    score_tiles!(m, regs, wide_tile::<HD>, |r: usize, j: usize| (
+        a,
+        (bt, bt_rs),
+        (c, c_rs),
+        (r, j * W),
+        epi
+    ));
 }
 
 /// `R` rows by `J` registers of [`super::wide`] at row `r0` and column `j0` of the block,

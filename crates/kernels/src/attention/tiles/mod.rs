@@ -433,6 +433,42 @@ fn grad_row_generic(ds: &mut [f32], p: &[f32], dd: f32) {
     ds.iter_mut().zip(p).for_each(|(d, &p)| *d = p * (*d - dd));
 }
 
+/// The tiles of a score block of `$m` rows by `$regs` registers of 16 columns: 8 rows by 3
+/// registers, then the edges with fewer (4 or 1 rows, 2 or 1 registers), column tiles outside;
+/// `$tile::<$hd, R, J>($args(r, j))` for each, `r` its first row and `j` its first register.
+/// The caller vouches for every tile's operands.
+#[cfg(target_arch = "x86_64")]
+macro_rules! score_tiles {
+    ($m:expr, $regs:expr, $tile:ident::<$hd:ident>, $args:expr) => {{
+        let (m, regs, args_of) = ($m, $regs, $args);
+        let mut j = 0;
+        while j < regs {
+            let mut r = 0;
+            while r < m {
+                let rows = (m - r).min(8);
+                let args = args_of(r, j);
+                match (rows, regs - j) {
+                    (8, 3..) => unsafe { $tile::<$hd, 8, 3>(args) },
+                    (8, 2) => unsafe { $tile::<$hd, 8, 2>(args) },
+                    (8, _) => unsafe { $tile::<$hd, 8, 1>(args) },
+                    (4..8, 3..) => unsafe { $tile::<$hd, 4, 3>(args) },
+                    (4..8, 2) => unsafe { $tile::<$hd, 4, 2>(args) },
+                    (4..8, _) => unsafe { $tile::<$hd, 4, 1>(args) },
+                    (_, 3..) => unsafe { $tile::<$hd, 1, 3>(args) },
+                    (_, 2) => unsafe { $tile::<$hd, 1, 2>(args) },
+                    _ => unsafe { $tile::<$hd, 1, 1>(args) },
+                }
+                r += match rows {
+                    8 => 8,
+                    4..8 => 4,
+                    _ => 1,
+                };
+            }
+            j += (regs - j).min(3);
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]

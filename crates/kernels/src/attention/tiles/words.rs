@@ -34,33 +34,15 @@ pub(super) unsafe fn wide_words<const HD: usize>(
     (c, c_rs): (*mut f32, usize),
     epi: Epi,
 ) {
-    let mut j = 0;
-    while j < regs {
-        let mut r = 0;
-        while r < m {
-            let rows = (m - r).min(8);
-            let args = (a, (bt, bt_rs), (c, c_rs), (r, j * W), epi);
-            // SAFETY (all tiles): rows `r..r + R <= m`, registers `j..j + J <= regs`, as the
-            // caller vouches.
-            match (rows, regs - j) {
-                (8, 3..) => unsafe { tile::<HD, 8, 3>(args) },
-                (8, 2) => unsafe { tile::<HD, 8, 2>(args) },
-                (8, _) => unsafe { tile::<HD, 8, 1>(args) },
-                (4..8, 3..) => unsafe { tile::<HD, 4, 3>(args) },
-                (4..8, 2) => unsafe { tile::<HD, 4, 2>(args) },
-                (4..8, _) => unsafe { tile::<HD, 4, 1>(args) },
-                (_, 3..) => unsafe { tile::<HD, 1, 3>(args) },
-                (_, 2) => unsafe { tile::<HD, 1, 2>(args) },
-                _ => unsafe { tile::<HD, 1, 1>(args) },
-            }
-            r += match rows {
-                8 => 8,
-                4..8 => 4,
-                _ => 1,
-            };
-        }
-        j += (regs - j).min(3);
-    }
+    // SAFETY (all tiles): rows `r..r + R <= m`, registers `j..j + J <= regs`, as the caller
+    // vouches.
+    score_tiles!(m, regs, tile::<HD>, |r: usize, j: usize| (
+        a,
+        (bt, bt_rs),
+        (c, c_rs),
+        (r, j * W),
+        epi
+    ));
 }
 
 /// `R` rows by `J` registers at row `r0` and column `j0` of the block, accumulated in
