@@ -381,8 +381,9 @@ impl Qwen3ForCausalLM {
     /// The same model with its matrices (projections, experts, routers, embedding, LM head)
     /// stored in bf16, for inference: decoding reads half the bytes per token; the products
     /// round their inputs to bf16 and accumulate in f32 (on the bf16 kernel where the CPU has
-    /// AVX512-BF16); norms stay f32. Logits then match HF's with bf16 weights and bf16 inputs
-    /// to every `nn.Linear` (`tests/bf16.rs`).
+    /// AVX512-BF16), and so do the attention's products; norms and the softmax stay f32.
+    /// Logits then match HF's with bf16 weights, bf16 inputs to every `nn.Linear` and the
+    /// attention's products in bf16 (`tests/bf16.rs`).
     pub fn with_bf16_weights(self) -> Self {
         self.with_matrices(DType::BF16)
     }

@@ -60,7 +60,8 @@ pub struct LoraConfig {
     /// Projections to adapt. Required.
     pub targets: Vec<LoraTarget>,
     /// Storage of the frozen matrices (projections, embedding, LM head): `"f32"` (default) or
-    /// `"bf16"`, half the bytes. The products read bf16 and compute in f32; adapters, norms,
+    /// `"bf16"`, half the bytes. The frozen matrices' products, and the attention's, take bf16
+    /// operands with f32 sums (on the bf16 kernels where the CPU has them); adapters, norms,
     /// optimizer state and every gradient stay f32.
     #[serde(default, skip_serializing_if = "BaseDtype::is_f32")]
     pub base_dtype: BaseDtype,

@@ -36,9 +36,9 @@ pub enum Precision {
     #[default]
     F32,
     /// Mixed precision, as `torch.autocast(dtype=torch.bfloat16)` on CPU: the products of the
-    /// projections, the LM head and the MoE experts (values and gradients) take bf16-rounded
-    /// operands and accumulate in f32; weights, optimizer state, attention, norms, losses and
-    /// reductions stay f32.
+    /// projections, the LM head, the MoE experts and the attention (values and gradients) take
+    /// bf16-rounded operands and accumulate in f32; weights, optimizer state, the softmax,
+    /// norms, losses and reductions stay f32.
     Bf16,
 }
 
