@@ -5,7 +5,9 @@
 # its sides, so that the machine's other load and the neighbouring jobs hit both sides alike:
 #   T: the kernels' bf16 tests (every path this CPU has)
 #   A: one projection (f32, bf16 on AVX512-BF16, bf16 on AMX, bf16 with the weight packed once);
-#      the AMX tile walks against each other (bf16_projection --amx-walks); LoRA 1.7B; `bench train` of bench-dense at f32 and at mixed precision (AMX), three rounds
+#      the AMX tile walks against each other (bf16_projection --amx-walks); the attention at f32
+#      and bf16 (attention_kernel, where DIR holds it); LoRA 1.7B; `bench train` of bench-dense
+#      at f32 and at mixed precision (AMX), three rounds
 #   B, B2: LoRA on the Qwen3-1.7B shape against PEFT on a bf16 base (compare_pytorch.py), two
 #      processes on pairs of their own, so that a short lease gets two or more rounds
 #   C: bf16 prefill and decoding of the 0.6B shape against HF bf16 (compare_bf16.py generate)
@@ -15,15 +17,15 @@
 #      (benches/gpu_check.sh with the device wgpu alone; the binary built with the wgpu feature)
 #   E: where DIR holds qwen-burn-base (an older build), this binary against it alternating:
 #      LoRA 1.7B and bench-dense at mixed precision, two rounds
-# Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary)
-# and bf16_projection (the example), their debug sections stripped (`strip --strip-debug`: job P
+# Build here and carry DIR with qwen-burn, kernels-tests (the kernels crate's unit-test binary),
+# bf16_projection and, optionally, attention_kernel (the examples), their debug sections stripped (`strip --strip-debug`: job P
 # needs the symbols), each as NAME or NAME.xz.
 # Usage: benches/amx_check.sh DIR OUT [SECONDS_PER_JOB]
 set -uo pipefail
 D=$1; OUT=$2; LIMIT=${3:-420}
 mkdir -p "$OUT" /tmp/amx-bin
-for f in qwen-burn kernels-tests bf16_projection qwen-burn-base; do
-  [ -f "$D/$f" ] || [ -f "$D/$f.xz" ] || { [ "$f" = qwen-burn-base ] && continue; }
+for f in qwen-burn kernels-tests bf16_projection attention_kernel qwen-burn-base; do
+  [ -f "$D/$f" ] || [ -f "$D/$f.xz" ] || { { [ "$f" = qwen-burn-base ] || [ "$f" = attention_kernel ]; } && continue; }
   if [ -f "$D/$f" ]; then cp "$D/$f" /tmp/amx-bin/$f; else
     python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" "$D/$f.xz" /tmp/amx-bin/$f
   fi
@@ -52,6 +54,12 @@ job_a() {
   done
   echo "== AMX walks"
   /tmp/amx-bin/bf16_projection --amx-walks 512 2048x6144 6144x2048 2>&1
+  if [ -x /tmp/amx-bin/attention_kernel ]; then
+    for shape in "1 16 8 512 128" "8 8 4 256 32"; do
+      echo "== attention $shape"
+      /tmp/amx-bin/attention_kernel $shape 2>&1
+    done
+  fi
   echo -n "lora-1.7b kernel amx: "
   $B bench train --config configs/bench-lora-1.7b.toml --steps 2 --warmup 1 --json 2>&1 | fig
   for r in 1 2 3; do
