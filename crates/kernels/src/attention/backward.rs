@@ -44,17 +44,8 @@ impl BackwardTask<'_> {
                 &self.os[span.clone()],
                 &self.dos[span],
             );
-            let held = match self.mode {
-                Mode::F32 => None,
-                Mode::Bf16 { words } => {
-                    Some((bf16::Held::rows(q, words), bf16::Held::rows(d_o, words)))
-                }
-            };
-            let (q_side, do_side) = held
-                .as_ref()
-                .map_or((bf16::Side::F32(q), bf16::Side::F32(d_o)), |(q, d_o)| {
-                    (q.side(), d_o.side())
-                });
+            let (q_held, do_held) = (self.mode.rows(q), self.mode.rows(d_o));
+            let (q_side, do_side) = (bf16::Side::of(&q_held, q), bf16::Side::of(&do_held, d_o));
             for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
                 let block = r0 * hd..(r0 + rows) * hd;
                 let (qb, ob, dob) = (&q[block.clone()], &o[block.clone()], &d_o[block]);
@@ -88,18 +79,10 @@ impl BackwardTask<'_> {
                 let (dkb, dvb) = (&mut dkc[k0 * hd..], &mut dvc[k0 * hd..]);
                 let (ds_rows, ds_cols, p_cols) =
                     ((&ds[..], ps, 1), (&ds[..], 1, ps), (&p[..], 1, ps));
-                match self.mode {
-                    Mode::F32 => {
-                        tiles::narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
-                        tiles::narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
-                        tiles::narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
-                    }
-                    Mode::Bf16 { words } => {
-                        bf16::narrow(words, rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
-                        bf16::narrow(words, nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
-                        bf16::narrow(words, nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
-                    }
-                }
+                let mode = self.mode;
+                mode.narrow(rows, nk, hd, ds_rows, kb, (dqb, hd), false, scale);
+                mode.narrow(nk, rows, hd, ds_cols, qb, (dkb, hd), true, scale);
+                mode.narrow(nk, rows, hd, p_cols, dob, (dvb, hd), true, 1.0);
             }
         }
     }

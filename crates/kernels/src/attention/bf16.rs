@@ -22,9 +22,9 @@ fn bits(x: f32) -> u32 {
     u32::from(round_bits(x))
 }
 
-/// `x` rounded to bf16, as f32 (exactly representable).
+/// `x` rounded to bf16, as f32 (exactly representable): [`crate::bf16::rounded`] of one row.
 pub(super) fn rounded(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| f32::from_bits(bits(v) << 16)).collect()
+    crate::bf16::rounded(Operand::F32(x, x.len(), 1), 1, x.len())
 }
 
 /// Rows of even length as pairs of bf16: word `i` holds `x[2i]` (low half) and `x[2i + 1]`.
@@ -205,6 +205,11 @@ pub(super) enum Side<'a> {
 }
 
 impl<'a> Side<'a> {
+    /// `held`'s buffer, or `x` read in place where nothing is held (f32).
+    pub(super) fn of(held: &'a Option<Held>, x: &'a [f32]) -> Side<'a> {
+        held.as_ref().map_or(Side::F32(x), Held::side)
+    }
+
     /// From row `r` of rows of `hd` elements.
     pub(super) fn at_row(self, r: usize, hd: usize) -> Side<'a> {
         match self {

@@ -72,11 +72,8 @@ impl ForwardTask<'_> {
         let mut inv = [0.0f32; QUERY_BLOCK];
         for g in 0..group {
             let q = &self.qs[self.dm.query_head(bi, kh * group + g)];
-            let held = match self.mode {
-                Mode::F32 => None,
-                Mode::Bf16 { words } => Some(bf16::Held::rows(q, words)),
-            };
-            let q_side = held.as_ref().map_or(bf16::Side::F32(q), bf16::Held::side);
+            let held = self.mode.rows(q);
+            let q_side = bf16::Side::of(&held, q);
             for (r0, rows, k0, keys) in self.dm.query_blocks(self.starts) {
                 // S = scale Q K^T over the block's visible keys `k0..keys` (column `j` of the
                 // buffer is key `k0 + j`) with each row's max over its causal keys, then each
@@ -102,12 +99,7 @@ impl ForwardTask<'_> {
                 // of the row's keys).
                 let ob = &mut o[(g * t + r0) * hd..(g * t + r0 + rows) * hd];
                 let (pb, vb) = ((&p[..], ps, 1), &v[k0 * hd..]);
-                match self.mode {
-                    Mode::F32 => tiles::narrow(rows, n, hd, pb, vb, (ob, hd), false, 1.0),
-                    Mode::Bf16 { words } => {
-                        bf16::narrow(words, rows, n, hd, pb, vb, (ob, hd), false, 1.0)
-                    }
-                }
+                self.mode.narrow(rows, n, hd, pb, vb, (ob, hd), false, 1.0);
                 for (orow, w) in ob.chunks_exact_mut(hd).zip(&inv) {
                     orow.iter_mut().for_each(|x| *x *= w);
                 }

@@ -249,6 +249,35 @@ impl Mode {
             },
         }
     }
+
+    /// Query-side rows `[n, hd]` as the score products read them at this mode: held at bf16
+    /// ([`bf16::Held::rows`]), read in place at f32 ([`bf16::Side::of`]).
+    fn rows(self, x: &[f32]) -> Option<bf16::Held> {
+        match self {
+            Mode::F32 => None,
+            Mode::Bf16 { words } => Some(bf16::Held::rows(x, words)),
+        }
+    }
+
+    /// `c = beta a b` (or `c += beta a b` when `accumulate`), the products that write `hd`
+    /// columns, at this mode: [`tiles::narrow`] or [`bf16::narrow`].
+    #[allow(clippy::too_many_arguments)]
+    fn narrow(
+        self,
+        m: usize,
+        k: usize,
+        hd: usize,
+        a: (&[f32], usize, usize),
+        b: &[f32],
+        c: (&mut [f32], usize),
+        accumulate: bool,
+        beta: f32,
+    ) {
+        match self {
+            Mode::F32 => tiles::narrow(m, k, hd, a, b, c, accumulate, beta),
+            Mode::Bf16 { words } => bf16::narrow(words, m, k, hd, a, b, c, accumulate, beta),
+        }
+    }
 }
 
 /// Shapes of one call.

@@ -54,6 +54,36 @@ pub(super) unsafe fn narrow<const NV: usize, const R: usize>(
     }
 }
 
+/// `c = beta acc` (or `c += beta acc` when `accumulate`) for an `R x NV` tile of
+/// accumulators at `c` (row stride `c_rs`): the narrow products' store, f32 and bf16 words.
+///
+/// # Safety
+/// AVX-512 present; `R` rows of `16 NV` floats of `c` valid for reads and writes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store_scaled<const NV: usize, const R: usize>(
+    acc: &[[__m512; NV]; R],
+    (c, c_rs): (*mut f32, usize),
+    accumulate: bool,
+    beta: f32,
+) {
+    let scale = _mm512_set1_ps(beta);
+    for (r, row) in acc.iter().enumerate() {
+        for (v, x) in row.iter().enumerate() {
+            // SAFETY: element `(r, 16 v)` of `c` and the 15 after it, inside row `r`.
+            unsafe {
+                let p = c.add(r * c_rs + v * W);
+                let y = if accumulate {
+                    _mm512_fmadd_ps(*x, scale, _mm512_loadu_ps(p))
+                } else {
+                    _mm512_mul_ps(*x, scale)
+                };
+                _mm512_storeu_ps(p, y);
+            }
+        }
+    }
+}
+
 /// Steps of [`narrow`] per slice: 256 rows of `b` are 32 KB at `hd = 32`.
 const KC: usize = 256;
 
@@ -99,21 +129,8 @@ unsafe fn narrow_tile<const NV: usize, const R: usize, const COLS: bool>(
             }
         }
     }
-    let scale = _mm512_set1_ps(beta);
-    for (r, row) in acc.iter().enumerate() {
-        for (v, x) in row.iter().enumerate() {
-            // SAFETY: element `(r, 16 v)` of `c` and the 15 after it, inside row `r`.
-            unsafe {
-                let p = c.add(r * c_rs + v * W);
-                let y = if accumulate {
-                    _mm512_fmadd_ps(*x, scale, _mm512_loadu_ps(p))
-                } else {
-                    _mm512_mul_ps(*x, scale)
-                };
-                _mm512_storeu_ps(p, y);
-            }
-        }
-    }
+    // SAFETY: the tile's rows and columns of `c`, as the caller vouches.
+    unsafe { store_scaled(&acc, (c, c_rs), accumulate, beta) };
 }
 
 /// [`super::Epilogue`] with raw pointers at the block's first row (and column).
@@ -137,10 +154,11 @@ pub(super) enum Epi {
 }
 
 /// A score tile's operands: `a`, `bt` and its row stride, the block's `c` and its row
-/// stride, the tile's first row and column in the block, the epilogue.
-type TileArgs = (
-    *const f32,
-    (*const f32, usize),
+/// stride, the tile's first row and column in the block, the epilogue; `T` is `f32`, or `u32`
+/// for the words tiles (`bt_rs` then counts words).
+pub(super) type TileArgs<T> = (
+    *const T,
+    (*const T, usize),
     (*mut f32, usize),
     (usize, usize),
     Epi,
@@ -175,7 +193,7 @@ pub(super) unsafe fn wide<const HD: usize>(
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn wide_tile<const HD: usize, const R: usize, const J: usize>(
-    (a, (bt, bt_rs), (c, c_rs), (r0, j0), epi): TileArgs,
+    (a, (bt, bt_rs), (c, c_rs), (r0, j0), epi): TileArgs<f32>,
 ) {
     // SAFETY (all pointer offsets): inside the tile, as the caller vouches.
     let (a, bt) = unsafe { (a.add(r0 * HD), bt.add(j0)) };

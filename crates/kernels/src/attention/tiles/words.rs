@@ -5,18 +5,35 @@
 use std::arch::x86_64::*;
 
 use super::W;
-use super::avx512::{Epi, finish};
+use super::avx512::{Epi, TileArgs, finish, store_scaled};
 
-/// A words tile's operands: `a` (rows of `HD / 2` words), `bt` and its row stride (in words),
-/// the block's `c` and its row stride, the tile's first row and column in the block, the
-/// epilogue.
-type TileArgs = (
-    *const u32,
-    (*const u32, usize),
-    (*mut f32, usize),
-    (usize, usize),
-    Epi,
-);
+/// One pair of the reduction on an `R x J` tile: the `J` registers of words at `b`, each
+/// multiplied pairwise by row `r`'s word `a(r)` broadcast, added into the accumulators.
+///
+/// # Safety
+/// AVX512-BF16 present; `b` valid for reads of `16 J` words.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn step<const R: usize, const J: usize>(
+    acc: &mut [[__m512; J]; R],
+    b: *const u32,
+    a: impl Fn(usize) -> u32,
+) {
+    // SAFETY: `16 J` words at `b`, as the caller vouches; the transmutes reinterpret 512 bits.
+    unsafe {
+        let mut bv: [__m512bh; J] = std::mem::zeroed();
+        for (j, x) in bv.iter_mut().enumerate() {
+            let at = b.add(j * W).cast();
+            *x = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let w: __m512bh = std::mem::transmute(_mm512_set1_epi32(a(r) as i32));
+            for (x, bx) in row.iter_mut().zip(&bv) {
+                *x = _mm512_dpbf16_ps(*x, w, *bx);
+            }
+        }
+    }
+}
 
 /// [`super::wide_words`] over `regs` registers of 16 columns: tiles of 8 rows by 3 registers,
 /// then the edges with fewer (as [`super::avx512::wide`]).
@@ -50,26 +67,14 @@ pub(super) unsafe fn wide_words<const HD: usize>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn tile<const HD: usize, const R: usize, const J: usize>(
-    (a, (bt, bt_rs), c, (r0, j0), epi): TileArgs,
+    (a, (bt, bt_rs), c, (r0, j0), epi): TileArgs<u32>,
 ) {
     // SAFETY (all pointer offsets): inside the tile, as the caller vouches.
     let (a, bt) = unsafe { (a.add(r0 * HD / 2), bt.add(j0)) };
     let mut acc = [[_mm512_setzero_ps(); J]; R];
     for d in 0..HD / 2 {
-        let btd = unsafe { bt.add(d * bt_rs) };
-        let mut bv: [__m512bh; J] = unsafe { std::mem::zeroed() };
-        for (j, x) in bv.iter_mut().enumerate() {
-            *x = unsafe {
-                std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(btd.add(j * W).cast()))
-            };
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let w = unsafe { *a.add(r * HD / 2 + d) };
-            let w: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(w as i32)) };
-            for (x, bx) in row.iter_mut().zip(&bv) {
-                *x = _mm512_dpbf16_ps(*x, w, *bx);
-            }
-        }
+        // SAFETY: pair `d` of the tile's registers of `bt` and of its rows of `a`.
+        unsafe { step(&mut acc, bt.add(d * bt_rs), |r| *a.add(r * HD / 2 + d)) };
     }
     // SAFETY: the tile's rows and columns, as the caller vouches.
     unsafe { finish::<R, J>(acc, c, (r0, j0), epi) };
@@ -131,34 +136,8 @@ unsafe fn narrow_tile<const NV: usize, const R: usize>(
     let mut acc = [[_mm512_setzero_ps(); NV]; R];
     for p in 0..pairs {
         // SAFETY: pair `p < pairs` of `b` (16 NV words) and of rows `< R` of `a`.
-        unsafe {
-            let mut bv: [__m512bh; NV] = std::mem::zeroed();
-            for (v, x) in bv.iter_mut().enumerate() {
-                let at = b.add(p * NV * W + v * W).cast();
-                *x = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_epi32(*a.add(r * a_rs + p * a_ps) as i32);
-                let w: __m512bh = std::mem::transmute(w);
-                for (x, bx) in row.iter_mut().zip(&bv) {
-                    *x = _mm512_dpbf16_ps(*x, w, *bx);
-                }
-            }
-        }
+        unsafe { step(&mut acc, b.add(p * NV * W), |r| *a.add(r * a_rs + p * a_ps)) };
     }
-    let scale = _mm512_set1_ps(beta);
-    for (r, row) in acc.iter().enumerate() {
-        for (v, x) in row.iter().enumerate() {
-            // SAFETY: element `(r, 16 v)` of `c` and the 15 after it, inside row `r`.
-            unsafe {
-                let p = c.add(r * c_rs + v * W);
-                let y = if accumulate {
-                    _mm512_fmadd_ps(*x, scale, _mm512_loadu_ps(p))
-                } else {
-                    _mm512_mul_ps(*x, scale)
-                };
-                _mm512_storeu_ps(p, y);
-            }
-        }
-    }
+    // SAFETY: the tile's rows of `c`, as the caller vouches.
+    unsafe { store_scaled(&acc, (c, c_rs), accumulate, beta) };
 }
