@@ -7,19 +7,23 @@
 //!
 //! With `--amx-walks` first, on a CPU with AMX: the bf16 weight and the mixed-precision product
 //! under each way of walking the tiles (`AmxWalk`: reduction blocks per group, prefetching),
-//! three rounds alternating, against the default walk.
+//! three rounds alternating, against the default walk. With `--task-packing` first: the bf16
+//! weight and the mixed-precision product with the tasks packing their own columns of the
+//! weight (`set_task_packing(true)`, the default) and with the weight packed up front, five
+//! rounds alternating.
 
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use qwen_burn_kernels::{
     AmxWalk, Bf16Path, Precision, chosen_bf16_path, detected_bf16_path, in_pool,
-    keep_packed_weights, linear_rows, set_amx_walk, with_precision,
+    keep_packed_weights, linear_rows, set_amx_walk, set_task_packing, with_precision,
 };
 
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
     let walks = args.next_if(|a| a == "--amx-walks").is_some();
+    let task_packing = args.next_if(|a| a == "--task-packing").is_some();
     let n: usize = args.next().and_then(|a| a.parse().ok()).expect("rows");
     let shapes: Vec<(usize, usize)> = args
         .map(|a| {
@@ -38,6 +42,10 @@ fn main() {
             return;
         }
         amx_walks(n, &shapes);
+        return;
+    }
+    if task_packing {
+        task_packings(n, &shapes);
         return;
     }
     let device = Device::flex().autodiff();
@@ -130,6 +138,41 @@ fn amx_walks(n: usize, shapes: &[(usize, usize)]) {
                     mixed / base_mixed
                 );
             }
+        }
+    }
+}
+
+/// The products with the tasks packing their own columns of the weight against the weight
+/// packed up front, five rounds alternating: GFLOP/s and the ratio within each round.
+fn task_packings(n: usize, shapes: &[(usize, usize)]) {
+    let device = Device::flex().autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    for &(k, m) in shapes {
+        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
+        let dy = Tensor::<2>::random([n, m], normal, &device);
+        let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
+        let w16 = w32.clone().cast(DType::BF16);
+        let flops = 4.0 * (n * k * m) as f64;
+        for round in 0..5 {
+            let rate = |on: bool, w: &Tensor<2>, precision: Precision| {
+                set_task_packing(on);
+                flops / best_time(&x, &dy, w, precision) / 1e9
+            };
+            let (w_on, w_off) = (
+                rate(true, &w16, Precision::F32),
+                rate(false, &w16, Precision::F32),
+            );
+            let (m_on, m_off) = (
+                rate(true, &w32, Precision::Bf16),
+                rate(false, &w32, Precision::Bf16),
+            );
+            set_task_packing(true);
+            println!(
+                "{n} x {k} x {m} round {round}: bf16 W {w_on:.0} / {w_off:.0} GFLOP/s ({:.3}x), \
+                 mixed {m_on:.0} / {m_off:.0} ({:.3}x) (tasks packing / up front)",
+                w_on / w_off,
+                m_on / m_off
+            );
         }
     }
 }

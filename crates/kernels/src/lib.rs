@@ -85,7 +85,7 @@ mod swiglu;
 pub use adamw::{AdamWInputs, AdamWStep, adamw_update};
 pub use attention::causal_attention;
 #[doc(hidden)]
-pub use bf16::{AmxWalk, set_amx_walk};
+pub use bf16::{AmxWalk, set_amx_walk, set_task_packing};
 pub use bf16::{
     BF16_KERNEL_VAR, Bf16KernelError, PackedWeights, Path as Bf16Path, bf16_path, chosen_bf16_path,
     detected_bf16_path, keep_packed_weights,

@@ -8,7 +8,8 @@
 //! instruction, and half the bytes to pack and hold in cache. The `gemm` crate (0.19) has f32,
 //! f64 and f16 kernels but no bf16 dot product, and Burn's Flex widens bf16 to f32 for its
 //! matmul, so the kernel is written here: a Goto-style blocked product (pack a block of `b`,
-//! pack a block of `a` per task, a 12 x 32 register tile over pairs of the reduction).
+//! pack a block of `a` per task, a 12 x 32 register tile over pairs of the reduction); for up to
+//! 768 rows each task packs its own columns of `b` instead (`own_b`).
 //!
 //! Elsewhere the same numbers are computed by rounding the operands into f32 copies and
 //! running the f32 product ([`Path::Emulated`]): the same rounded inputs and exact products,
@@ -22,6 +23,7 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod low_rank;
+mod own_b;
 mod pack;
 #[cfg(target_arch = "x86_64")]
 mod pack_x86;
@@ -31,6 +33,7 @@ mod rounded;
 mod walk;
 
 pub(crate) use low_rank::{LowRank, mm_bf16_kernel_new_low};
+pub use own_b::set_task_packing;
 use pack::{KC2, pack_all};
 pub(crate) use pack::{Operand, round_bits};
 pub use path::{
@@ -281,6 +284,13 @@ unsafe fn blocked(
                 unsafe { std::ptr::write_bytes(dst.at(i * c_rs), 0, n) };
             }
         }
+        return;
+    }
+    if let (Path::Avx512Bf16, Rhs::Pack(b)) = (path, b)
+        && own_b::applies(m, n, threads)
+    {
+        // SAFETY: the caller's promises, passed on.
+        unsafe { own_b::blocked_own_b(m, n, k, a, b, (dst, c_rs), accumulate, low, threads) };
         return;
     }
     // AMX packs `a` by rows ([`amx::pack_rows`]), in panels of 32 rows.
