@@ -287,7 +287,7 @@ unsafe fn blocked(
         return;
     }
     if let (Path::Avx512Bf16, Rhs::Pack(b)) = (path, b)
-        && own_b::applies(m, n, threads)
+        && own_b::applies(m, n, k, threads)
     {
         // SAFETY: the caller's promises, passed on.
         unsafe { own_b::blocked_own_b(m, n, k, a, b, (dst, c_rs), accumulate, low, threads) };

@@ -19,13 +19,18 @@ use super::{Dst, KC2, LowRank, MR, NR, Operand, SUPER_WORDS, avx512, pack_all};
 use crate::mm::Threads;
 
 /// The most rows of a product whose tasks pack their own `b`: a task holds all the rows' tiles
-/// of its columns, whose sums (`m x 256` f32) must stay in L2 between reduction blocks.
+/// of its columns, whose sums must stay in L2 between reduction blocks.
 pub(super) const MAX_ROWS: usize = 768;
+/// The fewest elements of a `b` packed by the tasks: a smaller one stays in the caches between
+/// its packing up front and its reads, where packing it once for all the tasks costs less.
+const MIN_B: usize = 1 << 20;
 /// The most column panels ([`NR`] columns each) of one task: 256 columns, whose packed block
-/// of `b` is 128 KiB and whose sums for 512 rows are 512 KiB.
+/// of `b` is 128 KiB.
 const MAX_PANELS: usize = 8;
 /// The fewest column panels of one task.
 const MIN_PANELS: usize = 2;
+/// The most bytes of a task's sums (`m` rows of its columns, f32).
+const MAX_SUMS: usize = 512 << 10;
 
 /// Whether the products take this way where it applies (measurements only: both ways give the
 /// same bits).
@@ -53,9 +58,10 @@ pub(super) fn with_task_packing<R>(on: bool, f: impl FnOnce() -> R) -> R {
     out
 }
 
-/// Whether an `[m, k] @ [k, n]` product packing `b` here takes [`blocked_own_b`]: rows few
-/// enough for a task's sums to stay in L2, and columns enough for two tasks a thread.
-pub(super) fn applies(m: usize, n: usize, threads: Threads) -> bool {
+/// Whether an `[m, k] @ [k, n]` product packing `b` here takes [`blocked_own_b`]: a `b` that
+/// does not stay in cache, rows few enough for a task's sums to stay in L2, and columns enough
+/// for two tasks a thread.
+pub(super) fn applies(m: usize, n: usize, k: usize, threads: Threads) -> bool {
     let on = THIS_THREAD
         .get()
         .unwrap_or_else(|| ON.load(Ordering::Relaxed));
@@ -63,17 +69,19 @@ pub(super) fn applies(m: usize, n: usize, threads: Threads) -> bool {
         Threads::All => rayon::current_num_threads(),
         Threads::One => 1,
     };
-    on && m <= MAX_ROWS && n.div_ceil(NR) >= 2 * threads * MIN_PANELS
+    on && m <= MAX_ROWS && k * n >= MIN_B && n.div_ceil(NR) >= 2 * threads * MIN_PANELS
 }
 
 /// Column panels per task: about [`super::TASKS_PER_THREAD`] tasks a thread, from
-/// [`MIN_PANELS`] to [`MAX_PANELS`].
-fn panels_per_task(col_panels: usize, threads: Threads) -> usize {
+/// [`MIN_PANELS`] to [`MAX_PANELS`], and fewer where the task's sums for `m` rows would pass
+/// [`MAX_SUMS`].
+fn panels_per_task(m: usize, col_panels: usize, threads: Threads) -> usize {
     let want = match threads {
         Threads::All => super::TASKS_PER_THREAD * rayon::current_num_threads(),
         Threads::One => 1,
     };
-    col_panels.div_ceil(want).clamp(MIN_PANELS, MAX_PANELS)
+    let most = (MAX_SUMS / (4 * NR * m.max(1))).clamp(MIN_PANELS, MAX_PANELS);
+    col_panels.div_ceil(want).clamp(MIN_PANELS, most)
 }
 
 /// The lines of a task's next block of `b` (its lanes, the next reduction block), fetched
@@ -166,7 +174,7 @@ pub(super) unsafe fn blocked_own_b(
     let a_block = a_panels * MR * KC2;
     let k_blocks = (SUPER_WORDS / a_block).clamp(1, k.div_ceil(kc));
     let col_panels = n.div_ceil(NR);
-    let per_task = panels_per_task(col_panels, threads);
+    let per_task = panels_per_task(m, col_panels, threads);
     let tasks = col_panels.div_ceil(per_task);
     let (mut packed_a, packed_b) = super::PACKED.take();
     packed_a.resize(packed_a.len().max(k_blocks * a_block), 0);
@@ -270,14 +278,14 @@ mod tests {
             return;
         }
         for (m, n, k) in [
-            (37, 530, 300),
-            (512, 640, 1030),
-            (12, 1000, 257),
-            (700, 260, 64),
+            (37, 8200, 520),
+            (512, 640, 6600),
+            (12, 1000, 4200),
+            (700, 4100, 1030),
         ] {
             assert!(
-                applies(m, n, Threads::All),
-                "{m}x{n} takes the tasks' packing"
+                applies(m, n, k, Threads::All),
+                "{m}x{n}x{k} takes the tasks' packing"
             );
             let (a, b) = (values(m * k, 1), values(k * n, 2));
             let b16: Vec<half::bf16> = b.iter().map(|&x| half::bf16::from_f32(x)).collect();
