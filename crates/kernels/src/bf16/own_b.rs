@@ -209,9 +209,15 @@ pub(super) unsafe fn blocked_own_b(
                 let first = k0 == 0 && kb == 0 && !accumulate;
                 let last = k0 + k_len == k && kb + 1 == blocks;
                 let pa = &packed_a[kb * a_block..];
+                // The next block this thread will likely pack: this task's next reduction
+                // block, else the next task's first (rayon hands a thread runs of tasks).
+                let next_j0 = j0 + per_task * NR;
                 let mut ahead = if kb + 1 < blocks {
                     let p1 = p0 + kc;
                     Ahead::new(b, (j0, cols), (p1, kc.min(k0 + k_len - p1)))
+                } else if next_j0 < n {
+                    let next_cols = (per_task * NR).min(n - next_j0);
+                    Ahead::new(b, (next_j0, next_cols), (k0, kc.min(k_len)))
                 } else {
                     Ahead::new(b, (0, 0), (0, 0))
                 };
