@@ -9,7 +9,8 @@
 //! under each way of walking the tiles (`AmxWalk`: reduction blocks per group, prefetching),
 //! three rounds alternating, against the default walk. With `--task-packing` first: the bf16
 //! weight and the mixed-precision product with the tasks packing their own columns of the
-//! weight (`set_task_packing(true)`, the default) and with the weight packed up front, five
+//! weight (`set_task_packing(true)`, the default) and with the weight packed up front (also
+//! with the weight trained at mixed precision: its gradient too), five
 //! rounds alternating.
 
 use std::time::Instant;
@@ -166,12 +167,21 @@ fn task_packings(n: usize, shapes: &[(usize, usize)]) {
                 rate(true, &w32, Precision::Bf16),
                 rate(false, &w32, Precision::Bf16),
             );
+            // The weight trained too: its gradient `x^T dy` (`a` the transposed input, `b` the
+            // output's gradient), the product mixed-precision training adds.
+            let trained = w32.clone().require_grad();
+            let (t_on, t_off) = (
+                rate(true, &trained, Precision::Bf16) * 1.5,
+                rate(false, &trained, Precision::Bf16) * 1.5,
+            );
             set_task_packing(true);
             println!(
                 "{n} x {k} x {m} round {round}: bf16 W {w_on:.0} / {w_off:.0} GFLOP/s ({:.3}x), \
-                 mixed {m_on:.0} / {m_off:.0} ({:.3}x) (tasks packing / up front)",
+                 mixed {m_on:.0} / {m_off:.0} ({:.3}x), mixed with dW {t_on:.0} / {t_off:.0} \
+                 ({:.3}x) (tasks packing / up front)",
                 w_on / w_off,
-                m_on / m_off
+                m_on / m_off,
+                t_on / t_off
             );
         }
     }
