@@ -5,7 +5,7 @@
 //! a weight crossed memory about six times per product (read, written packed, read back by each
 //! row block), and the packing was bound by memory (`benches/README.md`, twenty-fourth
 //! session). Here a task owns a block of columns for all the rows: it packs that block of `b`
-//! one reduction block at a time into a buffer of its thread (at most 256 KiB, in L2) and runs
+//! one reduction block at a time into a buffer of its thread (at most 128 KiB, in L2) and runs
 //! every row tile against it, so the weight is read from memory once and the packed words never
 //! leave the core's caches. Each tile sums the reduction blocks in the same order as
 //! [`super::blocked`]: the same bits.
