@@ -1,6 +1,6 @@
 //! The bf16 products' register tile on AVX512-BF16 ([`super`]).
 
-use super::{MR, NR};
+use super::{Dst, LowRank, MR, NR};
 
 /// A rank-`rank` product `l @ r` added to a tile as it is stored ([`tile`]): `l` at the tile's
 /// first row (row stride `rank`), `r` at the tile's first column (row stride `r_rs`).
@@ -100,6 +100,41 @@ pub(super) unsafe fn tile<const LOW: bool>(
                 }
                 _mm512_mask_storeu_ps(at, mask, out);
             }
+        }
+    }
+}
+
+/// The tile of a blocked product at row panel `r` and column `col` of its `[m, n]` destination
+/// (`width` columns, a partial last panel's rows cut at `m`), with `low`'s share added where
+/// given (the caller passes it on the last reduction block only), through [`tile`] with the
+/// share's code only where there is a share.
+///
+/// # Safety
+/// As [`tile`], for the tile `MR.min(m - r * MR) x width` at row `r * MR` and column `col` of
+/// `dst`, which belongs to the caller's task alone; `low`'s operands cover the destination.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile_at(
+    (pairs, a, b, next): (usize, &[u32], &[u32], Option<&[u32]>),
+    (dst, c_rs): (Dst, usize),
+    (m, n): (usize, usize),
+    (r, col, width): (usize, usize, usize),
+    first: bool,
+    low: Option<LowRank<'_>>,
+) {
+    let height = MR.min(m - r * MR);
+    let c = dst.at(r * MR * c_rs + col);
+    let low = low.map(|low| LowTile {
+        l: low.l[r * MR * low.rank..].as_ptr(),
+        r: low.r[col..].as_ptr(),
+        r_rs: n,
+        rank: low.rank,
+    });
+    // SAFETY: the caller's promises.
+    unsafe {
+        match low {
+            Some(_) => tile::<true>(pairs, a, b, next, c, c_rs, height, width, first, low),
+            None => tile::<false>(pairs, a, b, next, c, c_rs, height, width, first, None),
         }
     }
 }

@@ -413,31 +413,21 @@ unsafe fn blocked(
                         for r in (i0 / MR)..(i0 + rows).div_ceil(MR) {
                             let next = if r == i0 / MR { next } else { None };
                             let ap = &pa[r * MR * pairs..(r + 1) * MR * pairs];
-                            let height = MR.min(m - r * MR);
-                            let at = r * MR * c_rs + j0 + jp * NR;
-                            let low = low.filter(|_| last).map(|low| avx512::LowTile {
-                                l: low.l[r * MR * low.rank..].as_ptr(),
-                                r: low.r[j0 + jp * NR..].as_ptr(),
-                                r_rs: n,
-                                rank: low.rank,
-                            });
-                            // The tile with the share's code only where there is a share.
-                            let c = dst.at(at);
                             // SAFETY: the CPU has AVX512-BF16 (the caller's promise); the
-                            // panels hold `pairs` pairs; the tile `height x width` at `at` lies
-                            // inside the destination (the caller's promise) and belongs to
-                            // this task alone; a share's operands cover the tile (checked by
-                            // the share's caller).
+                            // panels hold `pairs` pairs; the tile at row panel `r` and these
+                            // columns lies inside the destination (the caller's promise) and
+                            // belongs to this task alone; a share's operands cover the
+                            // destination (checked by the share's caller).
                             unsafe {
-                                match low {
-                                    Some(_) => avx512::tile::<true>(
-                                        pairs, ap, bp, next, c, c_rs, height, width, first, low,
-                                    ),
-                                    None => avx512::tile::<false>(
-                                        pairs, ap, bp, next, c, c_rs, height, width, first, None,
-                                    ),
-                                }
-                            }
+                                avx512::tile_at(
+                                    (pairs, ap, bp, next),
+                                    (dst, c_rs),
+                                    (m, n),
+                                    (r, j0 + jp * NR, width),
+                                    first,
+                                    low.filter(|_| last),
+                                )
+                            };
                         }
                     }
                 }

@@ -227,30 +227,22 @@ pub(super) unsafe fn blocked_own_b(
                     let width = NR.min(cols - jp * NR);
                     for r in 0..a_panels {
                         let ap = &pa[r * MR * pairs..(r + 1) * MR * pairs];
-                        let height = MR.min(m - r * MR);
-                        let at = r * MR * c_rs + j0 + jp * NR;
-                        let low = low.filter(|_| last).map(|low| avx512::LowTile {
-                            l: low.l[r * MR * low.rank..].as_ptr(),
-                            r: low.r[j0 + jp * NR..].as_ptr(),
-                            r_rs: n,
-                            rank: low.rank,
-                        });
-                        let c = dst.at(at);
                         ahead.fetch(per_tile);
                         // SAFETY: the CPU has AVX512-BF16 (the caller's promise); the panels
-                        // hold `pairs` pairs; the tile `height x width` at `at` lies inside the
-                        // destination (the caller's promise) and belongs to this task alone (its
-                        // columns); a share's operands cover the tile (checked by its caller).
+                        // hold `pairs` pairs; the tile at row panel `r` and these columns lies
+                        // inside the destination (the caller's promise) and belongs to this
+                        // task alone (its columns); a share's operands cover the destination
+                        // (checked by its caller).
                         unsafe {
-                            match low {
-                                Some(_) => avx512::tile::<true>(
-                                    pairs, ap, bp, None, c, c_rs, height, width, first, low,
-                                ),
-                                None => avx512::tile::<false>(
-                                    pairs, ap, bp, None, c, c_rs, height, width, first, None,
-                                ),
-                            }
-                        }
+                            avx512::tile_at(
+                                (pairs, ap, bp, None),
+                                (dst, c_rs),
+                                (m, n),
+                                (r, j0 + jp * NR, width),
+                                first,
+                                low.filter(|_| last),
+                            )
+                        };
                     }
                 }
             }
