@@ -50,12 +50,8 @@ fn main() {
         return;
     }
     let device = Device::flex().autodiff();
-    let normal = Distribution::Normal(0.0, 1.0);
     for (k, m) in shapes {
-        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
-        let dy = Tensor::<2>::random([n, m], normal, &device);
-        let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
-        let w16 = w32.clone().cast(DType::BF16);
+        let [x, dy, w32, w16] = operands(n, k, m, &device);
         let time = |w: &Tensor<2>, precision: Precision| best_time(&x, &dy, w, precision);
         let (a, b) = (time(&w32, Precision::F32), time(&w16, Precision::F32));
         let c = time(&w32, Precision::Bf16);
@@ -83,6 +79,17 @@ fn main() {
     }
 }
 
+/// The input (tracked), the output's gradient, and the weight `[k, m]` in f32 and in bf16, for
+/// `n` rows.
+fn operands(n: usize, k: usize, m: usize, device: &Device) -> [Tensor<2>; 4] {
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<2>::random([n, k], normal, device).require_grad();
+    let dy = Tensor::<2>::random([n, m], normal, device);
+    let w32 = Tensor::<2>::random([k, m], normal, device) * 0.02;
+    let w16 = w32.clone().cast(DType::BF16);
+    [x, dy, w32, w16]
+}
+
 /// Best of five forward + input-gradient passes of `x @ w` at `precision`, in seconds.
 fn best_time(x: &Tensor<2>, dy: &Tensor<2>, w: &Tensor<2>, precision: Precision) -> f64 {
     let run = || {
@@ -106,15 +113,11 @@ fn best_time(x: &Tensor<2>, dy: &Tensor<2>, w: &Tensor<2>, precision: Precision)
 /// f32 weight at bf16 precision, and their ratio to the default walk's in the same round.
 fn amx_walks(n: usize, shapes: &[(usize, usize)]) {
     let device = Device::flex().autodiff();
-    let normal = Distribution::Normal(0.0, 1.0);
     let walks: Vec<AmxWalk> = (1..=4)
         .flat_map(|group| [false, true].map(|prefetch| AmxWalk { group, prefetch }))
         .collect();
     for &(k, m) in shapes {
-        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
-        let dy = Tensor::<2>::random([n, m], normal, &device);
-        let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
-        let w16 = w32.clone().cast(DType::BF16);
+        let [x, dy, w32, w16] = operands(n, k, m, &device);
         let flops = 4.0 * (n * k * m) as f64;
         for round in 0..3 {
             let mut rates = Vec::new();
@@ -147,12 +150,8 @@ fn amx_walks(n: usize, shapes: &[(usize, usize)]) {
 /// packed up front, five rounds alternating: GFLOP/s and the ratio within each round.
 fn task_packings(n: usize, shapes: &[(usize, usize)]) {
     let device = Device::flex().autodiff();
-    let normal = Distribution::Normal(0.0, 1.0);
     for &(k, m) in shapes {
-        let x = Tensor::<2>::random([n, k], normal, &device).require_grad();
-        let dy = Tensor::<2>::random([n, m], normal, &device);
-        let w32 = Tensor::<2>::random([k, m], normal, &device) * 0.02;
-        let w16 = w32.clone().cast(DType::BF16);
+        let [x, dy, w32, w16] = operands(n, k, m, &device);
         let flops = 4.0 * (n * k * m) as f64;
         for round in 0..5 {
             let rate = |on: bool, w: &Tensor<2>, precision: Precision| {

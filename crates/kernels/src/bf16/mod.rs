@@ -275,7 +275,6 @@ unsafe fn blocked(
         low.is_none() || path == Path::Avx512Bf16,
         "a low-rank share on {path:?}"
     );
-    let (a_rs, a_cs) = a.strides();
     let kc = 2 * KC2;
     if k == 0 {
         if !accumulate {
@@ -329,15 +328,7 @@ unsafe fn blocked(
     for k0 in (0..k).step_by(k_blocks * kc) {
         let k_len = (k_blocks * kc).min(k - k0);
         let blocks = k_len.div_ceil(kc);
-        for kb in 0..blocks {
-            let (p0, len) = (k0 + kb * kc, kc.min(k0 + k_len - (k0 + kb * kc)));
-            let out = &mut packed_a[kb * a_block..(kb + 1) * a_block];
-            if path == Path::Amx {
-                amx::pack_rows(a, (a_rs, a_cs), m, p0, len, out, threads);
-            } else {
-                pack_all(a, (a_rs, a_cs), (0, m), p0, len, MR, out, threads);
-            }
-        }
+        pack_a_blocks(path, a, m, (k0, k_len), a_block, &mut packed_a, threads);
         for j0 in (0..n).step_by(b_panels * NR) {
             let cols = (b_panels * NR).min(n - j0);
             let pb_all: &[u32] = match b {
@@ -462,6 +453,30 @@ fn blocking(row_panels: usize, col_panels: usize, mr: usize, threads: Threads) -
         row_blocks = want.div_ceil(col_blocks).min(most);
     }
     (row_blocks, per_col * NR)
+}
+
+/// Pack `a`'s reduction blocks `k0..k0 + k_len` (`m` rows) for `path`'s kernel into `out`, a
+/// block every `a_block` words ([`amx::pack_rows`] on AMX, else panels of [`MR`] rows).
+#[cfg(target_arch = "x86_64")]
+fn pack_a_blocks(
+    path: Path,
+    a: Operand<'_>,
+    m: usize,
+    (k0, k_len): (usize, usize),
+    a_block: usize,
+    out: &mut [u32],
+    threads: Threads,
+) {
+    let (strides, kc) = (a.strides(), 2 * KC2);
+    for kb in 0..k_len.div_ceil(kc) {
+        let (p0, len) = (k0 + kb * kc, kc.min(k_len - kb * kc));
+        let out = &mut out[kb * a_block..(kb + 1) * a_block];
+        if path == Path::Amx {
+            amx::pack_rows(a, strides, m, p0, len, out, threads);
+        } else {
+            pack_all(a, strides, (0, m), p0, len, MR, out, threads);
+        }
+    }
 }
 
 thread_local! {

@@ -167,7 +167,6 @@ pub(super) unsafe fn blocked_own_b(
     low: Option<LowRank<'_>>,
     threads: Threads,
 ) {
-    let (a_rs, a_cs) = a.strides();
     let (b_rs, b_cs) = b.strides();
     let kc = 2 * KC2;
     let a_panels = m.div_ceil(MR);
@@ -181,11 +180,8 @@ pub(super) unsafe fn blocked_own_b(
     for k0 in (0..k).step_by(k_blocks * kc) {
         let k_len = (k_blocks * kc).min(k - k0);
         let blocks = k_len.div_ceil(kc);
-        for kb in 0..blocks {
-            let (p0, len) = (k0 + kb * kc, kc.min(k_len - kb * kc));
-            let out = &mut packed_a[kb * a_block..(kb + 1) * a_block];
-            pack_all(a, (a_rs, a_cs), (0, m), p0, len, MR, out, threads);
-        }
+        let (range, path) = ((k0, k_len), super::Path::Avx512Bf16);
+        super::pack_a_blocks(path, a, m, range, a_block, &mut packed_a, threads);
         let packed_a = &packed_a[..];
         let task = |t: usize| {
             let j0 = t * per_task * NR;
