@@ -147,10 +147,16 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
                     + bi as isize * strides[0]
                     + hi as isize * strides[1]
                     + ti as isize * strides[2];
-                let at = |j: usize| xs[(base + j as isize * strides[3]) as usize];
                 let tr = if per_row { bi * t + ti } else { ti };
                 let (c, s) = (&cs[tr * d..(tr + 1) * d], &ss[tr * d..(tr + 1) * d]);
                 let row = &mut o[ti * d..(ti + 1) * d];
+                if strides[3] == 1 {
+                    // The row in place (the usual layout: heads split from the projection).
+                    let x = &xs[base as usize..base as usize + d];
+                    rotate_row(x, c, s, row, direction);
+                    continue;
+                }
+                let at = |j: usize| xs[(base + j as isize * strides[3]) as usize];
                 for j in 0..half {
                     let (lo, hi) = (at(j), at(j + half));
                     match direction {
@@ -167,6 +173,32 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
             }
         });
     FlexTensor::from_data(TensorData::new(out, [b, h, t, d]))
+}
+
+/// One row of `d` values rotated into `row` with the tables `c`, `s` of its position: the
+/// halves `(lo, hi)` become `(lo c - hi s, hi c + lo s)` (backward: by the transposed rotation).
+#[inline(always)]
+fn rotate_row(x: &[f32], c: &[f32], s: &[f32], row: &mut [f32], direction: Direction) {
+    let half = row.len() / 2;
+    let (x_lo, x_hi) = x.split_at(half);
+    let (c_lo, c_hi) = c.split_at(half);
+    let (s_lo, s_hi) = s.split_at(half);
+    let (r_lo, r_hi) = row.split_at_mut(half);
+    let x_hi = &x_hi[..half];
+    match direction {
+        Direction::Forward => {
+            for j in 0..half {
+                r_lo[j] = x_lo[j] * c_lo[j] - x_hi[j] * s_lo[j];
+                r_hi[j] = x_hi[j] * c_hi[j] + x_lo[j] * s_hi[j];
+            }
+        }
+        Direction::Backward => {
+            for j in 0..half {
+                r_lo[j] = x_lo[j] * c_lo[j] + x_hi[j] * s_hi[j];
+                r_hi[j] = x_hi[j] * c_hi[j] - x_lo[j] * s_lo[j];
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -219,5 +251,23 @@ mod tests {
                 .into_scalar::<f32>();
             assert!(diff <= 1e-6, "{b}x{t}x{h}x{d}: gradients differ by {diff}");
         }
+    }
+
+    /// A row strided along its own axis (not the attention's layout) takes the general path:
+    /// the same values as the composed rotation.
+    #[test]
+    fn rows_strided_along_the_head_axis_match_the_composed_rotation() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let (b, h, t, d) = (2, 3, 5, 8);
+        let cos = Tensor::<3>::random([1, t, d], normal, &device);
+        let sin = Tensor::<3>::random([1, t, d], normal, &device);
+        let x = Tensor::<4>::random([b, h, d, t], normal, &device).swap_dims(2, 3);
+        let fused = rope(&x, &cos, &sin).expect("flex autodiff takes the kernel");
+        let diff = (fused - composed(x, cos, sin))
+            .abs()
+            .max()
+            .into_scalar::<f32>();
+        assert!(diff <= 1e-6, "values differ by {diff}");
     }
 }

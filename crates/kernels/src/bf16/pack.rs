@@ -230,28 +230,64 @@ fn pairs_of<T: Bits>(
     out: Packed,
 ) {
     let pairs = len.div_ceil(2);
+    // Panels narrower than the vectors (12 rows of `a`) are packed through `words`: a run of
+    // lanes packed in whole vectors, then copied panel by panel (packed in place, a panel of
+    // 12 ran as three 4-lane pieces and its loop's overhead, most of a weight gradient's
+    // packing).
+    let staged = !width.is_multiple_of(16);
+    let run = (WORDS / width).max(1) * width;
+    let mut words = [0u32; WORDS];
     for q in q0..q1 {
         let lo = &s[(p0 + 2 * q) * ps + lane0..][..lanes];
         let hi = (2 * q + 1 < len).then(|| &s[(p0 + 2 * q + 1) * ps + lane0..][..lanes]);
+        if staged && width <= WORDS {
+            for r0 in (0..lanes).step_by(run) {
+                let r = run.min(lanes - r0);
+                let w = &mut words[..r];
+                pair_words(w, &lo[r0..r0 + r], hi.map(|hi| &hi[r0..r0 + r]));
+                for l0 in (0..r).step_by(width) {
+                    let count = width.min(r - l0);
+                    let panel = (r0 + l0) / width;
+                    // SAFETY: as below.
+                    let o = unsafe { out.slot((panel * pairs + q) * width, width) };
+                    o[..count].copy_from_slice(&w[l0..l0 + count]);
+                    if count < width {
+                        o[count..].fill(0);
+                    }
+                }
+            }
+            continue;
+        }
         for panel in 0..lanes.div_ceil(width) {
             let l0 = panel * width;
             let count = width.min(lanes - l0);
             // SAFETY: slot `(panel, q)` lies in the buffer (`pack_all` sized it) and is this
             // task's alone (its run of pairs).
             let o = unsafe { out.slot((panel * pairs + q) * width, width) };
-            match hi {
-                Some(hi) => {
-                    for ((o, &l), &h) in o.iter_mut().zip(&lo[l0..l0 + count]).zip(&hi[l0..]) {
-                        *o = l.bits() | (h.bits() << 16);
-                    }
-                }
-                None => {
-                    for (o, &l) in o.iter_mut().zip(&lo[l0..l0 + count]) {
-                        *o = l.bits();
-                    }
-                }
+            pair_words(&mut o[..count], &lo[l0..l0 + count], hi.map(|hi| &hi[l0..]));
+            if count < width {
+                o[count..].fill(0);
             }
-            o[count..].fill(0);
+        }
+    }
+}
+
+/// Words on the stack of [`pairs_of`]'s staged panels.
+const WORDS: usize = 480;
+
+/// `o[l]`: the bf16 of `lo[l]` in the low half, of `hi[l]` (zero without `hi`) in the high.
+#[inline(always)]
+fn pair_words<T: Bits>(o: &mut [u32], lo: &[T], hi: Option<&[T]>) {
+    match hi {
+        Some(hi) => {
+            for ((o, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
+                *o = l.bits() | (h.bits() << 16);
+            }
+        }
+        None => {
+            for (o, &l) in o.iter_mut().zip(lo) {
+                *o = l.bits();
+            }
         }
     }
 }

@@ -272,7 +272,8 @@ fn blocking_cuts_products_into_tasks() {
 fn packing_equals_its_definition() {
     use super::pack::pack_all;
     // A reduction of at most `2 * KC2` (one packed block).
-    let (rows, cols) = (70, 250);
+    // Lanes past a staged run of words (480) where they are the columns.
+    let (rows, cols) = (70, 520);
     let x32 = values(rows * cols, 5);
     let x16: Vec<half::bf16> = x32.iter().map(|&v| half::bf16::from_f32(v)).collect();
     for bf16_src in [false, true] {
@@ -302,7 +303,9 @@ fn packing_equals_its_definition() {
                 (rows, cols)
             };
             for (lane0, lanes, p0, len, width) in [
-                (0, all_lanes, 0, all_len, 32),
+                (0, all_lanes, 0, all_len.min(2 * super::KC2), 32),
+                (5, all_lanes - 5, 3, 41, 12),
+                (1, all_lanes - 1, 0, 9, 8),
                 (3, 29, 1, 37, 32),
                 (8, 40, 16, 33, 12),
                 (2, 50, 5, 60, 12),
