@@ -132,7 +132,6 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
     let offset = x.layout().start_offset() as isize;
     let xs = x.storage::<f32>();
     let (cs, ss) = (cos.storage::<f32>(), sin.storage::<f32>());
-    let half = d / 2;
     // One table for all rows, or one per row (packed documents).
     let per_row = cos.layout().shape()[0] > 1;
     let mut out = vec![0.0f32; b * h * t * d];
@@ -142,6 +141,9 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
         .with_min_len((4096 / (t * d).max(1)).max(1))
         .for_each(|(bh, o)| {
             let (bi, hi) = (bh / h, bh % h);
+            // A row strided along its own axis is gathered here first (not the attention's
+            // layout: there the heads split from the projection leave each row contiguous).
+            let mut gathered = Vec::new();
             for ti in 0..t {
                 let base = offset
                     + bi as isize * strides[0]
@@ -149,27 +151,14 @@ fn rotate(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, direction: Directi
                     + ti as isize * strides[2];
                 let tr = if per_row { bi * t + ti } else { ti };
                 let (c, s) = (&cs[tr * d..(tr + 1) * d], &ss[tr * d..(tr + 1) * d]);
-                let row = &mut o[ti * d..(ti + 1) * d];
-                if strides[3] == 1 {
-                    // The row in place (the usual layout: heads split from the projection).
-                    let x = &xs[base as usize..base as usize + d];
-                    rotate_row(x, c, s, row, direction);
-                    continue;
-                }
-                let at = |j: usize| xs[(base + j as isize * strides[3]) as usize];
-                for j in 0..half {
-                    let (lo, hi) = (at(j), at(j + half));
-                    match direction {
-                        Direction::Forward => {
-                            row[j] = lo * c[j] - hi * s[j];
-                            row[j + half] = hi * c[j + half] + lo * s[j + half];
-                        }
-                        Direction::Backward => {
-                            row[j] = lo * c[j] + hi * s[j + half];
-                            row[j + half] = hi * c[j + half] - lo * s[j];
-                        }
-                    }
-                }
+                let x = if strides[3] == 1 {
+                    &xs[base as usize..base as usize + d]
+                } else {
+                    gathered.clear();
+                    gathered.extend((0..d).map(|j| xs[(base + j as isize * strides[3]) as usize]));
+                    &gathered[..]
+                };
+                rotate_row(x, c, s, &mut o[ti * d..(ti + 1) * d], direction);
             }
         });
     FlexTensor::from_data(TensorData::new(out, [b, h, t, d]))
